@@ -1,0 +1,1 @@
+"""The shell: command line, configuration, SparkSession, reads and writes; one module per job."""

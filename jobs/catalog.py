@@ -1,0 +1,31 @@
+"""Tables in the catalog database, created from `schemas` constants (never inferred)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+
+from jobs.config import Config
+from schemas.model import Schema
+from schemas.spark import to_struct
+
+
+def create_table(
+    spark: SparkSession,
+    config: Config,
+    schema: Schema,
+    name: str | None = None,
+    properties: Mapping[str, str] | None = None,
+    partitioned_by: tuple[str, ...] = (),
+) -> str:
+    """Create the Delta table for `schema` if it does not exist; return its catalog name."""
+    table = config.table(name or schema.name)
+    builder = DeltaTable.createIfNotExists(spark).tableName(table).addColumns(to_struct(schema))
+    for key, value in (properties or {}).items():
+        builder = builder.property(key, value)
+    if partitioned_by:
+        builder = builder.partitionedBy(*partitioned_by)
+    builder.execute()
+    return table

@@ -1,0 +1,80 @@
+"""`txn-recon`: one entry point, a subcommand per job (DESIGN §4).
+
+Every user error becomes one line on stderr and exit code 2; a Spark failure, one line and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import NoReturn
+
+from jobs import spark_conf, sql
+from jobs.config import ENVIRONMENTS, load_config
+from jobs.errors import TxnReconError
+
+log = logging.getLogger("txn_recon")
+
+# name -> (module with add_arguments(parser) and run(args, config), one-line help)
+JOBS: dict[str, tuple[ModuleType, str]] = {
+    "sql": (sql, "run one Spark SQL statement against the warehouse catalog"),
+    "spark-conf": (spark_conf, "write spark-defaults.conf for spark-sql / spark-submit"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="txn-recon", description="Reconciliation of RocketMQ transactional messaging.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    for name, (module, help_text) in JOBS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--conf", metavar="FILE", help="YAML settings layered over conf/base.yaml")
+        p.add_argument("--env", choices=ENVIRONMENTS, help="environment file under conf/ (default: local)")
+        p.add_argument("--warehouse", metavar="DIR", help="warehouse folder (overrides the configured one)")
+        p.add_argument("--debug", action="store_true", help="show the full traceback of an unexpected error")
+        module.add_arguments(p)
+        p.set_defaults(run=module.run)
+    return parser
+
+
+def configure_logging() -> None:
+    """Our progress at INFO on stderr; libraries at WARNING. PySpark's query-context loggers repeat,
+    as JSON with a JVM stack, the error we already report in one line, so they are silenced."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    for name in ("jobs", "broker", "transforms", "schemas", "txn_recon"):
+        logging.getLogger(name).setLevel(logging.INFO)
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging()
+    prog = f"txn-recon {args.command}"
+    try:
+        overrides = {"warehouse": args.warehouse} if args.warehouse else None
+        config = load_config(args.conf, env=args.env, overrides=overrides)
+        return int(args.run(args, config))
+    except TxnReconError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug or an environment failure: one line unless --debug
+        if args.debug:
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"{prog}: failed: {type(e).__name__}: {first} (rerun with --debug for details)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Layered YAML configuration loaded into frozen, validated dataclasses.
+
+Layers, each over the previous: conf/base.yaml, the environment file (conf/<env>.yaml), a user's
+--conf FILE, then command-line overrides. Every layer is checked on its own, so an error names the
+file and the dotted key that is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jobs.errors import ConfigError
+
+CONF_DIR = Path(os.environ.get("TXN_RECON_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
+ENVIRONMENTS = ("local", "cluster")
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    app_name: str
+    master: str | None
+    delta_jars: str
+    jars_dir: Path
+    delta_packages: tuple[str, ...]
+    conf: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        if self.delta_jars not in ("local", "packages"):
+            raise ConfigError(f"spark.delta_jars: expected 'local' or 'packages', got {self.delta_jars!r}")
+        for coord in self.delta_packages:
+            if not re.fullmatch(r"[\w.\-]+:[\w.\-]+:[\w.\-]+", coord):
+                raise ConfigError(f"spark.delta_packages: {coord!r} is not a group:artifact:version coordinate")
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """RocketMQ broker settings the rules depend on (reference/rocketmq.md §1.1)."""
+
+    transaction_timeout_ms: int
+    check_interval_ms: int
+    check_max: int
+    file_reserved_hours: int
+    op_batch_interval_ms: int
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    stuck_after_ms: int
+    op_grace_ms: int
+
+
+@dataclass(frozen=True)
+class Config:
+    warehouse: str  # a local folder (made absolute) or a URI such as s3a://bucket/path
+    database: str
+    spark: SparkSettings
+    broker: BrokerSettings
+    thresholds: Thresholds
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.database):
+            raise ConfigError(f"database: {self.database!r} is not a valid database name")
+
+    @property
+    def is_local_warehouse(self) -> bool:
+        return "://" not in self.warehouse
+
+    def table(self, name: str) -> str:
+        """The catalog name of one of the project's tables."""
+        return f"{self.database}.{name}"
+
+
+def load_config(
+    conf_file: str | Path | None = None,
+    env: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Merge the layers and build a validated Config; raises ConfigError naming the bad key."""
+    env = env or os.environ.get("TXN_RECON_ENV", "local")
+    if env not in ENVIRONMENTS:
+        raise ConfigError(f"unknown environment {env!r}; expected one of {', '.join(ENVIRONMENTS)}")
+    layers = [CONF_DIR / "base.yaml", CONF_DIR / f"{env}.yaml"]
+    if conf_file is not None:
+        layers.append(Path(conf_file))
+    merged: dict[str, Any] = {}
+    for path in layers:
+        data = _read_yaml(path)
+        _check_layer(data, Config, "", str(path))
+        merged = _merge(merged, data)
+    if overrides:
+        _check_layer(dict(overrides), Config, "", "command line")
+        merged = _merge(merged, dict(overrides))
+    return _build(Config, merged, "")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: configuration file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read configuration file ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+    return data
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _check_layer(data: dict[str, Any], cls: type, prefix: str, source: str) -> None:
+    """Reject unknown keys and values of the wrong shape in one (possibly partial) layer."""
+    hints = _hints(cls)
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in hints:
+            known = ", ".join(sorted(hints))
+            raise ConfigError(f"{source}: unknown key '{dotted}' (expected one of: {known})")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: '{dotted}' must be a mapping, got {_kind(value)}")
+            _check_layer(value, typing.cast(type, hint), dotted + ".", source)
+        else:
+            problem = _problem(hint, value)
+            if problem:
+                raise ConfigError(f"{source}: '{dotted}' {problem}")
+
+
+def _problem(hint: Any, value: Any) -> str | None:
+    """Why `value` cannot fill a field of type `hint`, or None if it can."""
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in typing.get_args(hint):
+            return None
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _problem(inner[0], value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be a whole number, got {_kind(value)}"
+        if value <= 0:
+            return f"must be positive, got {value}"
+        return None
+    if hint in (str, Path):
+        if not isinstance(value, str) or not value.strip():
+            return f"must be a non-empty string, got {_kind(value)}"
+        return None
+    if origin is tuple:
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            return f"must be a list of strings, got {_kind(value)}"
+        return None
+    if origin is Mapping:
+        if not isinstance(value, dict):
+            return f"must be a mapping, got {_kind(value)}"
+        for k, v in value.items():
+            if not isinstance(v, (str, int, float, bool)):
+                return f"has a non-scalar value for '{k}': {_kind(v)}"
+        return None
+    raise TypeError(f"unsupported config field type {hint!r}")  # a bug in this module, not user input
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    kwargs = {}
+    for name, hint in _hints(cls).items():
+        dotted = f"{prefix}{name}"
+        if name not in data:
+            raise ConfigError(f"configuration: missing key '{dotted}'")
+        value = data[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value, dotted + ".")  # type: ignore[arg-type]
+        elif hint is Path:
+            kwargs[name] = Path(value).expanduser().absolute()
+        elif name == "warehouse":
+            kwargs[name] = value if "://" in value else str(Path(value).expanduser().absolute())
+        elif typing.get_origin(hint) is tuple:
+            kwargs[name] = tuple(value)
+        elif typing.get_origin(hint) is Mapping:
+            kwargs[name] = types.MappingProxyType({str(k): _conf_value(v) for k, v in value.items()})
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _conf_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _kind(value: Any) -> str:
+    return "nothing" if value is None else f"{type(value).__name__} {value!r}"

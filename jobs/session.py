@@ -1,0 +1,68 @@
+"""The composition root: one SparkSession per job, built from Config.
+
+Local mode uses the Delta jars fetched by `make jars` (spark.jars), Hive support with an embedded
+Derby metastore under the warehouse folder, so every job, notebook and spark-sql sees the same tables.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from jobs.config import CONF_DIR, Config
+from jobs.jars import local_jars
+
+log = logging.getLogger(__name__)
+
+
+def spark_settings(config: Config) -> dict[str, str]:
+    """Every Spark setting a txn-recon session needs, as plain strings (also used for spark-defaults.conf)."""
+    s = config.spark
+    settings = {
+        "spark.app.name": s.app_name,
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.catalogImplementation": "hive",
+        "spark.sql.warehouse.dir": config.warehouse,
+    }
+    java_options = [f"-Dlog4j2.configurationFile=file:{CONF_DIR / 'log4j2.properties'}"]
+    if config.is_local_warehouse:
+        # Embedded Derby: one process at a time may open it; derby.log lands beside it, not in the cwd.
+        metastore = Path(config.warehouse) / "metastore_db"
+        settings["spark.hadoop.javax.jdo.option.ConnectionURL"] = f"jdbc:derby:;databaseName={metastore};create=true"
+        java_options.append(f"-Dderby.system.home={config.warehouse}")
+    if s.delta_jars == "local":
+        settings["spark.jars"] = ",".join(str(p) for p in local_jars(s))
+    else:
+        settings["spark.jars.packages"] = ",".join(s.delta_packages)
+    if s.master is not None:
+        settings["spark.master"] = s.master
+        if s.master.startswith("local"):
+            settings["spark.pyspark.python"] = sys.executable
+    settings.update(s.conf)
+    extra = settings.get("spark.driver.extraJavaOptions", "")
+    settings["spark.driver.extraJavaOptions"] = " ".join([*java_options, extra]).strip()
+    return settings
+
+
+def build_session(config: Config) -> SparkSession:
+    """Create (or, under spark-submit, join) the session and make sure the database exists."""
+    builder = SparkSession.builder
+    for key, value in spark_settings(config).items():
+        builder = builder.config(key, value)
+    log.info("starting Spark (%s)", config.spark.master or "master from spark-submit")
+    spark = builder.enableHiveSupport().getOrCreate()
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {config.database}")
+    return spark
+
+
+def write_spark_defaults(config: Config, out_dir: Path) -> Path:
+    """Write spark-defaults.conf (and our log4j2 settings) so spark-sql and spark-submit share the catalog."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = [f"{k} {v}" for k, v in sorted(spark_settings(config).items()) if k != "spark.app.name"]
+    (out_dir / "spark-defaults.conf").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (out_dir / "log4j2.properties").write_text((CONF_DIR / "log4j2.properties").read_text(), encoding="utf-8")
+    return out_dir / "spark-defaults.conf"

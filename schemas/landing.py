@@ -1,0 +1,79 @@
+"""Landing-file records, one schema per stream (DESIGN §1).
+
+Times are epoch milliseconds. A nullable field may be absent or null in a landing file.
+"""
+
+from schemas.model import Field, Schema
+
+_STORED = (
+    Field("broker_name", "string"),
+    Field("queue_id", "int"),
+    Field("queue_offset", "long", doc="consume-queue offset, dense per queue"),
+    Field("commit_log_offset", "long", doc="physical offset in the broker's commit log"),
+    Field("store_timestamp", "long", doc="broker clock at append"),
+    Field("born_timestamp", "long", doc="producer clock at send"),
+)
+
+HALF = Schema(
+    "half",
+    _STORED
+    + (
+        Field("uniq_key", "string", doc="UNIQ_KEY, shared by the original and every check copy"),
+        Field("transaction_id", "string", nullable=True, doc="__transactionId__"),
+        Field("producer_group", "string", doc="PGROUP"),
+        Field("real_topic", "string", doc="REAL_TOPIC"),
+        Field("real_queue_id", "int", doc="REAL_QID"),
+        Field("check_times", "int", nullable=True, doc="TRANSACTION_CHECK_TIMES; absent on the original"),
+        Field("check_immunity_seconds", "int", nullable=True, doc="CHECK_IMMUNITY_TIME_IN_SECONDS"),
+        Field("prepared_queue_offset", "long", nullable=True, doc="TRAN_PREPARED_QUEUE_OFFSET"),
+        Field("tags", "string", nullable=True),
+        Field("keys", "string", nullable=True),
+        Field("body_size", "int", nullable=True),
+    ),
+    key=("broker_name", "queue_id", "queue_offset"),
+)
+
+OP = Schema(
+    "op",
+    _STORED
+    + (
+        Field("tag", "string", doc='always "d"'),
+        Field("body", "string", doc='half-queue offsets: "17" (<= 5.0) or "17,18,20," (5.1+)'),
+    ),
+    key=("broker_name", "queue_id", "queue_offset"),
+)
+
+REAL = Schema(
+    "real",
+    (Field("broker_name", "string"), Field("topic", "string"))
+    + _STORED[1:]
+    + (
+        Field("uniq_key", "string", nullable=True),
+        Field("sys_flag", "int", doc="transaction bits & 0xC: 0 normal, 8 commit"),
+        Field("transactional", "boolean", doc="TRAN_MSG"),
+        Field("prepared_transaction_offset", "long", nullable=True, doc="physical offset of the committed half copy"),
+        Field("producer_group", "string", nullable=True),
+        Field("transaction_id", "string", nullable=True),
+        Field("tags", "string", nullable=True),
+        Field("keys", "string", nullable=True),
+        Field("body_size", "int", nullable=True),
+        Field("reconsume_times", "int", nullable=True),
+    ),
+    key=("broker_name", "topic", "queue_id", "queue_offset"),
+)
+
+OFFSET = Schema(
+    "offset",
+    (
+        Field("broker_name", "string"),
+        Field("consumer_group", "string"),
+        Field("topic", "string"),
+        Field("queue_id", "int"),
+        Field("offset", "long", doc="next offset to consume"),
+        Field("commit_timestamp", "long"),
+        Field("client_id", "string", nullable=True, doc="unknown for consumerOffset.json snapshots"),
+        Field("seq", "long", nullable=True, doc="orders commits within one millisecond"),
+    ),
+)
+
+LANDING = {s.name: s for s in (HALF, OP, REAL, OFFSET)}

@@ -1,0 +1,32 @@
+"""One session-scoped SparkSession for the suite: local[2], UI off, few partitions, Delta configured."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from jobs.config import Config, load_config
+from jobs.session import build_session
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def config(tmp_path_factory: pytest.TempPathFactory) -> Config:
+    warehouse = tmp_path_factory.mktemp("warehouse")
+    return load_config(
+        overrides={
+            "warehouse": str(warehouse),
+            "spark": {"conf": {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}},
+        }
+    )
+
+
+@pytest.fixture(scope="session")
+def spark(config: Config) -> Iterator[SparkSession]:
+    session = build_session(config)
+    yield session
+    session.stop()

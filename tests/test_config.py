@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobs.cli import main
+from jobs.config import load_config
+from jobs.errors import ConfigError
+
+
+def test_base_and_local_layers_merge(tmp_path: Path) -> None:
+    config = load_config()
+    assert config.database == "txn_recon"
+    assert config.spark.master == "local[2]"
+    assert config.spark.conf["spark.ui.enabled"] == "false"  # from local.yaml
+    assert config.spark.conf["spark.sql.session.timeZone"] == "UTC"  # from base.yaml, kept by the merge
+    assert config.broker.check_max == 15
+    assert config.thresholds.stuck_after_ms == 60000
+    assert Path(config.warehouse).is_absolute()
+
+
+def test_cluster_environment_uses_packages_and_no_master() -> None:
+    config = load_config(env="cluster")
+    assert config.spark.master is None
+    assert config.spark.delta_jars == "packages"
+
+
+def test_user_file_is_layered_last(tmp_path: Path) -> None:
+    f = tmp_path / "mine.yaml"
+    f.write_text("broker:\n  check_max: 5\nspark:\n  conf:\n    spark.sql.shuffle.partitions: 3\n")
+    config = load_config(f)
+    assert config.broker.check_max == 5
+    assert config.broker.check_interval_ms == 30000
+    assert config.spark.conf["spark.sql.shuffle.partitions"] == "3"
+    assert config.spark.conf["spark.sql.session.timeZone"] == "UTC"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("brokr:\n  check_max: 5\n", "unknown key 'brokr'"),
+        ("broker:\n  check_maxx: 5\n", "unknown key 'broker.check_maxx'"),
+        ("broker:\n  check_max: fifteen\n", "'broker.check_max' must be a whole number, got str 'fifteen'"),
+        ("broker:\n  check_max: -1\n", "'broker.check_max' must be positive, got -1"),
+        ("broker: 3\n", "'broker' must be a mapping, got int 3"),
+        ("spark:\n  delta_jars: maybe\n", "spark.delta_jars: expected 'local' or 'packages'"),
+        ("database: 'bad name'\n", "database: 'bad name' is not a valid database name"),
+        ("broker: [check_max: 1\n", "malformed YAML at line 2"),
+        ("- just\n- a list\n", "expected a mapping of settings at the top level"),
+    ],
+)
+def test_bad_config_names_the_key(tmp_path: Path, text: str, message: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=None) as excinfo:
+        load_config(f)
+    assert message in str(excinfo.value)
+
+
+def test_missing_config_file() -> None:
+    with pytest.raises(ConfigError, match="configuration file not found"):
+        load_config("/nonexistent/conf.yaml")
+
+
+def test_unknown_environment() -> None:
+    with pytest.raises(ConfigError, match="unknown environment 'prod'"):
+        load_config(env="prod")
+
+
+def test_cli_bad_config_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text("thresholds:\n  stuck_after: 10\n")
+    code = main(["sql", "--conf", str(f), "SELECT 1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1
+    assert err.startswith("txn-recon sql: error: ") and "unknown key 'thresholds.stuck_after'" in err
+
+
+def test_cli_unknown_option_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as excinfo:
+        main(["sql", "--formt", "json", "SELECT 1"])
+    err = capsys.readouterr().err
+    assert excinfo.value.code == 2
+    assert err.count("\n") == 1 and "unrecognized arguments: --formt" in err

@@ -1,0 +1,94 @@
+"""The catalog persists across processes: a job creates a table, later processes query it by name.
+
+Each step runs in its own process, because the embedded Derby metastore admits one process at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.spark
+
+BIN = Path(sys.executable).parent
+
+CREATE = textwrap.dedent(
+    """
+    import sys
+    from jobs.catalog import create_table
+    from jobs.config import load_config
+    from jobs.session import build_session
+    from schemas import OFFSET
+    from schemas.spark import to_struct
+
+    config = load_config(overrides={"warehouse": sys.argv[1]})
+    spark = build_session(config)
+    name = create_table(spark, config, OFFSET)
+    rows = [("b", "g", "t", q, 10 * q, 1000 + q, None, None) for q in range(3)]
+    spark.createDataFrame(rows, to_struct(OFFSET)).write.format("delta").mode("append").saveAsTable(name)
+    spark.stop()
+    """
+)
+
+
+def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300, **kw)  # type: ignore[call-overload]
+
+
+@pytest.fixture(scope="module")
+def warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    wh = tmp_path_factory.mktemp("persisted")
+    done = _run([sys.executable, "-c", CREATE, str(wh)])
+    assert done.returncode == 0, done.stderr
+    return wh
+
+
+def test_second_process_queries_by_name(warehouse: Path) -> None:
+    done = _run(
+        [
+            str(BIN / "txn-recon"),
+            "sql",
+            "--warehouse",
+            str(warehouse),
+            "--format",
+            "json",
+            "SELECT queue_id, offset FROM txn_recon.offset ORDER BY queue_id",
+        ]
+    )
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line) for line in done.stdout.splitlines()] == [
+        {"queue_id": 0, "offset": 0},
+        {"queue_id": 1, "offset": 10},
+        {"queue_id": 2, "offset": 20},
+    ]
+
+
+def test_spark_sql_shell_sees_the_table(warehouse: Path) -> None:
+    conf = _run([str(BIN / "txn-recon"), "spark-conf", "--warehouse", str(warehouse)])
+    assert conf.returncode == 0, conf.stderr
+    conf_dir = Path(conf.stdout.strip()).parent
+    # As in the README: the venv activated (pyspark's launcher finds Spark through `python3` on PATH).
+    env = {**os.environ, "SPARK_CONF_DIR": str(conf_dir), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    done = _run([str(BIN / "spark-sql"), "-e", "SELECT count(*) FROM txn_recon.offset"], env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1].strip() == "3"
+
+
+def test_unknown_table_is_one_line_and_exit_2(warehouse: Path) -> None:
+    done = _run([str(BIN / "txn-recon"), "sql", "--warehouse", str(warehouse), "SELECT * FROM txn_recon.nope"])
+    assert done.returncode == 2
+    # The JVM may print its own start-up warning first; of ours there is one line and no traceback.
+    lines = done.stderr.splitlines()
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    assert len(errors) == 1, done.stderr
+    assert errors[0].startswith("txn-recon sql: error: [TABLE_OR_VIEW_NOT_FOUND]")
+    assert lines[-1] == errors[0]
+    assert "Traceback" not in done.stderr
