@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup jars lint test run spark-sql-demo clean
+.PHONY: setup jars lint test run bench-sim clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,17 @@ lint: setup
 test: lint
 	$(BIN)/pytest
 
+# The main job. Until ingest and reconcile land, it runs what exists: the broker model's default
+# profile into landing/demo (recreated on every run).
 run: setup
-	$(BIN)/txn-recon sql "SHOW TABLES IN txn_recon"
+	rm -rf landing/demo
+	$(BIN)/txn-recon simulate --out landing/demo --transactions 100000 --profile default
+
+# Simulation throughput and memory: one million transactions of the default profile, one core.
+bench-sim: setup
+	rm -rf landing/bench-sim
+	$(BIN)/txn-recon simulate --out landing/bench-sim --transactions 1000000 --benchmark
+	rm -rf landing/bench-sim
 
 clean:
-	rm -rf warehouse .pytest_cache .mypy_cache .ruff_cache
+	rm -rf warehouse landing .pytest_cache .mypy_cache .ruff_cache

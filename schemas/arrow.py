@@ -11,6 +11,7 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
     "boolean": pa.bool_(),
     "double": pa.float64(),
     "timestamp": pa.timestamp("us", tz="UTC"),
+    "strings": pa.list_(pa.string()),
 }
 
 

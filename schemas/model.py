@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The logical types a field may have; each engine module maps every one of them.
-TYPES = ("string", "int", "long", "boolean", "double", "timestamp")
+TYPES = ("string", "int", "long", "boolean", "double", "timestamp", "strings")  # strings: a list of strings
 
 
 @dataclass(frozen=True)

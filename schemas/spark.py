@@ -11,6 +11,7 @@ _SPARK_TYPES: dict[str, T.DataType] = {
     "boolean": T.BooleanType(),
     "double": T.DoubleType(),
     "timestamp": T.TimestampType(),
+    "strings": T.ArrayType(T.StringType(), containsNull=False),
 }
 
 

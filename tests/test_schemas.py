@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -56,3 +57,36 @@ def test_schema_rejects_bad_definitions() -> None:
 def test_core_schemas_do_not_import_spark_or_arrow() -> None:
     code = "import sys, schemas; assert not {'pyspark', 'pyarrow'} & set(sys.modules), sys.modules.keys()"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_line_encoder_round_trips_and_omits_nulls() -> None:
+    from schemas.jsonl import line_encoder
+    from schemas.truth import TRUTH_TRANSACTION
+
+    half = ("b", 0, 7, 99, 1, 2, 'u"\\\n\u00e9', "t", "g", "orders", 3, None, None, 5, None, "k", 10)
+    line = line_encoder(HALF)(half)
+    assert json.loads(line) == {k: v for k, v in zip(HALF.names, half, strict=True) if v is not None}
+    assert "check_times" not in line and "\n" not in line
+    truth = ("b", "u", "g", "t", 1, 2, "PENDING", None, None, 0, 0, False, True, ["lost_end", 'q"'])
+    assert json.loads(line_encoder(TRUTH_TRANSACTION)(truth))["faults"] == ["lost_end", 'q"']
+    assert json.loads(line_encoder(TRUTH_TRANSACTION)(truth))["discarded"] is True
+
+
+def test_line_encoder_needs_a_required_first_field() -> None:
+    from schemas.jsonl import line_encoder
+
+    with pytest.raises(ValueError, match="first field must be required"):
+        line_encoder(Schema("s", (Field("a", "int", nullable=True),)))
+
+
+def test_validate_names_every_problem() -> None:
+    from schemas.validate import problems
+
+    rec = {"broker_name": "b", "consumer_group": "g", "topic": "t", "queue_id": True, "offset": "5",
+           "commit_timestamp": 1, "extra": 1}  # fmt: skip
+    assert problems(OFFSET, rec) == [
+        "unknown field 'extra'",
+        "field 'queue_id' should be int, got bool True",
+        "field 'offset' should be long, got str '5'",
+    ]
+    assert problems(OFFSET, {}) == [f"missing required field {n!r}" for n in OFFSET.required]

@@ -1,0 +1,147 @@
+"""Run the broker model in memory, and an independent statement of DESIGN §2 over its records.
+
+`reference_findings` recomputes states and anomalies from the landing records alone (the way the
+pipeline must), without any of the model's code, so comparing it with `_truth` checks that the
+model's truth agrees with the rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.profiles import PROFILES, BrokerSettings, Profile
+from broker.simulation import Summary, simulate
+from broker.truth import Thresholds
+from schemas import LANDING
+from schemas.truth import TRUTH_TRANSACTION
+
+DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+
+
+@dataclass
+class Run:
+    summary: Summary
+    records: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {s: [] for s in LANDING})
+    truth_transactions: list[dict[str, Any]] = field(default_factory=list)
+    truth_anomalies: list[dict[str, Any]] = field(default_factory=list)
+
+
+class MemorySink:
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def record(self, stream: str, rec: tuple[Any, ...]) -> None:
+        names = LANDING[stream].names
+        self.run.records[stream].append({k: v for k, v in zip(names, rec, strict=True) if v is not None})
+
+    def truth_transaction(self, rec: tuple[Any, ...]) -> None:
+        self.run.truth_transactions.append(dict(zip(TRUTH_TRANSACTION.names, rec, strict=True)))
+
+    def truth_anomaly(self, rec: dict[str, Any]) -> None:
+        self.run.truth_anomalies.append(rec)
+
+
+def run_model(n: int, seed: int, profile: str | Profile = "default", **changes: Any) -> Run:
+    p = PROFILES[profile] if isinstance(profile, str) else profile
+    if changes:
+        p = dataclasses.replace(p, **changes)
+    run = Run(Summary(seed, p.name, n))
+    run.summary = simulate(n, seed, p, MemorySink(run))
+    return run
+
+
+def truth_keys(run: Run) -> set[tuple[Any, ...]]:
+    return {_key(a) for a in run.truth_anomalies}
+
+
+def _key(a: dict[str, Any]) -> tuple[Any, ...]:
+    if a["anomaly_type"] == "OFFSET_REGRESSION":
+        return ("OFFSET_REGRESSION", a["broker_name"], a["consumer_group"], a["topic"], a["queue_id"],
+                a["commit_timestamp"], a["seq"])  # fmt: skip
+    return (a["anomaly_type"], a["broker_name"], a["uniq_key"], a["reason"])
+
+
+def reference_findings(
+    records: dict[str, list[dict[str, Any]]],
+    as_of: int,
+    cfg: BrokerSettings | None = None,
+    thr: Thresholds | None = None,
+) -> tuple[dict[tuple[str, str], tuple[str, str | None]], set[tuple[Any, ...]]]:
+    """(state and reason per (broker, uniq_key), anomaly keys) by DESIGN §2, from records alone."""
+    cfg, thr = cfg or BrokerSettings(), thr or Thresholds()
+    resolved_at: dict[tuple[str, int, int], int] = {}
+    for op in records["op"]:
+        for token in op["body"].split(","):
+            if token:
+                at = (op["broker_name"], op["queue_id"], int(token))
+                resolved_at[at] = min(resolved_at.get(at, op["store_timestamp"]), op["store_timestamp"])
+    copies: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for h in records["half"]:
+        copies[(h["broker_name"], h["uniq_key"])].append(h)
+    commits: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    discards: dict[tuple[str, str], int] = {}
+    for r in records["real"]:
+        if "uniq_key" not in r:
+            continue
+        k = (r["broker_name"], r["uniq_key"])
+        if r["topic"] == DISCARD_TOPIC:
+            discards[k] = min(discards.get(k, r["store_timestamp"]), r["store_timestamp"])
+        elif r["sys_flag"] & 0xC == 8 or r["transactional"]:
+            commits[k].append(r)
+    states: dict[tuple[str, str], tuple[str, str | None]] = {}
+    found: set[tuple[Any, ...]] = set()
+    for k in sorted(set(copies) | set(commits)):
+        halves, cs = copies.get(k, []), commits.get(k, [])
+        times = [
+            resolved_at.get((h["broker_name"], h["queue_id"], off))
+            for h in halves
+            for off in (h["queue_offset"], h.get("prepared_queue_offset"))
+            if off is not None
+        ]
+        resolved = min((t for t in times if t is not None), default=None)
+        if cs:
+            states[k] = ("COMMITTED", None)
+            first = min(c["store_timestamp"] for c in cs)
+            if not halves:
+                found.add(("ORPHANED_COMMIT", *k, "NO_HALF"))
+            elif resolved is None and as_of - first > thr.op_grace_ms:
+                found.add(("ORPHANED_COMMIT", *k, "NO_OP"))
+            if k in discards and any(c["store_timestamp"] > discards[k] for c in cs):
+                found.add(("ORPHANED_COMMIT", *k, "AFTER_DISCARD"))
+            physical = {h["commit_log_offset"] for h in halves}
+            if halves and any(c.get("prepared_transaction_offset") not in physical for c in cs):
+                found.add(("ORPHANED_COMMIT", *k, "OFFSET_MISMATCH"))
+            if len(cs) > 1:
+                found.add(("DUPLICATE_COMMIT", *k, None))
+            continue
+        if resolved is not None:
+            states[k] = ("ROLLED_BACK", None)
+            continue
+        born = min(h["born_timestamp"] for h in halves)
+        last = max(h["store_timestamp"] for h in halves)
+        checks = max(h.get("check_times", 0) for h in halves)
+        reason = None
+        if k in discards:
+            reason = "MAX_CHECKS" if checks >= cfg.check_max else "EXPIRED"
+        elif checks >= cfg.check_max and as_of - last > cfg.check_interval_ms + cfg.transaction_timeout_ms:
+            reason = "MAX_CHECKS"
+        elif as_of - born > cfg.file_reserved_hours * 3_600_000:
+            reason = "EXPIRED"
+        if reason is not None:
+            states[k] = ("DISCARDED", reason)
+            kind = "DISCARDED_AFTER_MAX_CHECKS" if reason == "MAX_CHECKS" else "DISCARDED_EXPIRED"
+            found.add((kind, *k, reason))
+        else:
+            states[k] = ("PENDING", None)
+            if as_of - born >= thr.stuck_after_ms:
+                found.add(("STUCK_HALF", *k, None))
+    last_offset: dict[tuple[str, str, str, int], int] = {}
+    for o in sorted(records["offset"], key=lambda o: (o["commit_timestamp"], o.get("seq", 0))):
+        q = (o["broker_name"], o["consumer_group"], o["topic"], o["queue_id"])
+        if q in last_offset and o["offset"] < last_offset[q]:
+            found.add(("OFFSET_REGRESSION", *q, o["commit_timestamp"], o.get("seq")))
+        last_offset[q] = o["offset"]
+    return states, found

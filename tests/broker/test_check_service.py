@@ -1,0 +1,109 @@
+"""The check service and end-transaction handling on single transactions (reference §1.4-1.7)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from broker.topology import START_MS
+from tests.broker.harness import DISCARD_TOPIC, Run, run_model
+
+QUIET = {"plain_ratio": 0.0, "slow_consume_ratio": 0.0, "drain_ms": 900_000}
+
+
+def _halves(run: Run, key: str | None = None) -> list[dict[str, Any]]:
+    return [h for h in run.records["half"] if key is None or h["uniq_key"] == key]
+
+
+def test_never_decided_gets_exactly_15_checks_then_discard() -> None:
+    run = run_model(1, seed=1, profile="clean", never_decided=1.0, **QUIET)
+    halves = _halves(run)
+    original, copies = halves[0], halves[1:]
+    assert "check_times" not in original and original["store_timestamp"] == START_MS
+    assert [c["check_times"] for c in copies] == list(range(1, 16))
+    # First check on the first pass after the 6 s timeout (30 s), then one per 30 s pass.
+    stored = [c["store_timestamp"] - START_MS for c in copies]
+    assert stored[0] // 1000 == 30 and all(b - a == 30_000 for a, b in itertools.pairwise(stored))
+    # Discarded on the 16th encounter, to TRANS_CHECK_MAX_TIME_TOPIC, never to the real topic. Here that
+    # is the same pass: nothing else blocks the walk, and needDiscard runs before the freshness test.
+    [discard] = run.records["real"]
+    assert discard["topic"] == DISCARD_TOPIC and discard["uniq_key"] == original["uniq_key"]
+    assert discard["store_timestamp"] == copies[-1]["store_timestamp"]
+    assert discard["sys_flag"] == 0 and discard["transactional"] is True
+    assert run.records["op"] == []
+    [truth] = run.truth_transactions
+    assert (truth["state"], truth["reason"], truth["check_times"]) == ("DISCARDED", "MAX_CHECKS", 15)
+    assert [a["anomaly_type"] for a in run.truth_anomalies] == ["DISCARDED_AFTER_MAX_CHECKS"]
+
+
+def test_unknown_answer_is_committed_through_the_check_copy() -> None:
+    run = run_model(1, seed=2, profile="clean", unknown_answer=1.0, commit_ratio=1.0, **QUIET)
+    original, *copies = _halves(run)
+    # Checks before the local transaction's state is known get UNKNOW; the first one after it commits.
+    copy = copies[-1]
+    assert len(copies) >= 1 and copy["check_times"] == len(copies)
+    [commit] = [r for r in run.records["real"] if r["topic"] != DISCARD_TOPIC]
+    # The check request describes the copy, so the final message and the op point at the copy.
+    assert commit["prepared_transaction_offset"] == copy["commit_log_offset"] != original["commit_log_offset"]
+    assert commit["sys_flag"] == 8 and commit["topic"] == original["real_topic"]
+    assert commit["queue_id"] == original["real_queue_id"]
+    ops = run.records["op"]
+    assert [int(x) for op in ops for x in op["body"].split(",") if x] == [copy["queue_offset"]]
+    assert run.truth_transactions[0]["state"] == "COMMITTED" and run.truth_anomalies == []
+
+
+def test_rollback_writes_only_an_op() -> None:
+    run = run_model(1, seed=3, profile="clean", commit_ratio=0.0, **QUIET)
+    assert run.records["real"] == []
+    [op] = run.records["op"]
+    assert op["tag"] == "d"
+    assert int(op["body"].rstrip(",")) == _halves(run)[0]["queue_offset"]
+    assert run.truth_transactions[0]["state"] == "ROLLED_BACK"
+
+
+def test_op_body_formats_per_broker_version() -> None:
+    run = run_model(400, seed=4, profile="clean", **QUIET)
+    bodies = {b: [op["body"] for op in run.records["op"] if op["broker_name"] == b] for b in ("broker-a", "broker-b")}
+    assert all(body.endswith(",") for body in bodies["broker-a"])  # 5.1+: "17,18,20,"
+    assert any(body.count(",") > 1 for body in bodies["broker-a"])  # batched
+    assert all(body.isdigit() for body in bodies["broker-b"])  # <= 5.0: "17"
+
+
+def test_duplicate_end_commits_twice() -> None:
+    run = run_model(1, seed=5, profile="clean", duplicate_end=1.0, commit_ratio=1.0, **QUIET)
+    commits = [r for r in run.records["real"] if r["sys_flag"] == 8]
+    assert len(commits) == 2 and len({c["queue_offset"] for c in commits}) == 2
+    assert {c["prepared_transaction_offset"] for c in commits} == {_halves(run)[0]["commit_log_offset"]}
+    assert [a["anomaly_type"] for a in run.truth_anomalies] == ["DUPLICATE_COMMIT"]
+
+
+def test_immunity_copies_carry_the_original_offset_and_count_checks() -> None:
+    for seed in range(100):  # a transaction whose window (30, 60 or 120 s) spans several passes
+        run = run_model(1, seed=seed, profile="clean", immunity_ratio=1.0, never_decided=1.0, **QUIET)
+        original, *copies = _halves(run)
+        immunity_s = original["check_immunity_seconds"]
+        if immunity_s == 120:
+            break
+    window = [c for c in copies if c["store_timestamp"] - original["born_timestamp"] < immunity_s * 1000]
+    assert window, "a copy is re-appended on each pass inside the immunity window"
+    assert all(c["prepared_queue_offset"] == original["queue_offset"] for c in copies)
+    assert [c["check_times"] for c in copies] == list(range(1, len(copies) + 1))
+    assert max(c["check_times"] for c in copies) == 15
+
+
+def test_skewed_producer_clock_expires_an_unresolved_half() -> None:
+    run = run_model(1, seed=7, profile="clean", never_decided=1.0, skewed_producers=5, **QUIET)
+    [half] = _halves(run)  # no check: needSkip fires on the first pass
+    [discard] = run.records["real"]
+    assert discard["topic"] == DISCARD_TOPIC and half["store_timestamp"] - half["born_timestamp"] > 72 * 3_600_000
+    assert [(a["anomaly_type"], a["reason"]) for a in run.truth_anomalies] == [("DISCARDED_EXPIRED", "EXPIRED")]
+
+
+def test_lost_end_is_recovered_by_a_check() -> None:
+    run = run_model(60, seed=8, profile="clean", lost_end=0.5, commit_ratio=1.0, **QUIET)
+    commits = [r for r in run.records["real"] if r["sys_flag"] == 8]
+    halves_by_offset = {h["commit_log_offset"]: h for h in _halves(run)}
+    via_copy = [c for c in commits if "check_times" in halves_by_offset[c["prepared_transaction_offset"]]]
+    assert via_copy, "some commits only happen after a check (the end request was lost)"
+    states = {t["state"] for t in run.truth_transactions}
+    assert states <= {"COMMITTED", "DISCARDED"}
