@@ -92,3 +92,15 @@ def test_unknown_table_is_one_line_and_exit_2(warehouse: Path) -> None:
     assert errors[0].startswith("txn-recon sql: error: [TABLE_OR_VIEW_NOT_FOUND]")
     assert lines[-1] == errors[0]
     assert "Traceback" not in done.stderr
+
+
+def test_job_module_runs_under_spark_submit(warehouse: Path) -> None:
+    conf = _run([str(BIN / "txn-recon"), "spark-conf", "--warehouse", str(warehouse)])
+    assert conf.returncode == 0, conf.stderr
+    env = {**os.environ, "SPARK_CONF_DIR": str(Path(conf.stdout.strip()).parent),
+           "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+    query = "SELECT count(*) AS n FROM txn_recon.offset"
+    done = _run([str(BIN / "spark-submit"), "jobs/sql.py", "--warehouse", str(warehouse), "--format", "json", query],
+                env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"n": 3}
