@@ -19,6 +19,7 @@ def create_table(
     name: str | None = None,
     properties: Mapping[str, str] | None = None,
     partitioned_by: tuple[str, ...] = (),
+    cluster_by: tuple[str, ...] = (),
 ) -> str:
     """Create the Delta table for `schema` if it does not exist; return its catalog name."""
     table = config.table(name or schema.name)
@@ -27,5 +28,7 @@ def create_table(
         builder = builder.property(key, value)
     if partitioned_by:
         builder = builder.partitionedBy(*partitioned_by)
+    if cluster_by:  # liquid clustering: OPTIMIZE lays the files out by these columns
+        builder = builder.clusterBy(*cluster_by)
     builder.execute()
     return table

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
-from jobs import simulate, spark_conf, sql
+from jobs import ingest, simulate, spark_conf, sql
 from jobs.config import ENVIRONMENTS, load_config
 from jobs.errors import TxnReconError
 
@@ -21,6 +21,7 @@ log = logging.getLogger("txn_recon")
 # name -> (module with add_arguments(parser) and run(args, config), one-line help)
 JOBS: dict[str, tuple[ModuleType, str]] = {
     "simulate": (simulate, "run the broker model: landing folders and ground truth (no Spark)"),
+    "ingest": (ingest, "land the landing folders in bronze Delta tables, incrementally and idempotently"),
     "sql": (sql, "run one Spark SQL statement against the warehouse catalog"),
     "spark-conf": (spark_conf, "write spark-defaults.conf for spark-sql / spark-submit"),
 }

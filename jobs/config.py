@@ -60,12 +60,18 @@ class Thresholds:
 
 
 @dataclass(frozen=True)
+class IngestSettings:
+    batch_bytes: int  # new landing files are read in batches of about this many bytes
+
+
+@dataclass(frozen=True)
 class Config:
     warehouse: str  # a local folder (made absolute) or a URI such as s3a://bucket/path
     database: str
     spark: SparkSettings
     broker: BrokerSettings
     thresholds: Thresholds
+    ingest: IngestSettings
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.database):

@@ -1,0 +1,316 @@
+"""`txn-recon ingest --landing DIR`: landing files into bronze Delta tables, incrementally and idempotently.
+
+Each stream folder is listed and compared with the `ingest_files` table, so a run reads only files it
+has not processed (a changed file counts as new). New files are read in batches with the explicit
+schemas, validated (transforms.landing), classified against bronze by natural key, and appended:
+typed rows to `<stream>_events`, bad ones to `quarantine`. Then the files are recorded. A run that dies
+between those writes is simply repeated by the next one: rows already stored classify as duplicates
+and quarantine rows are keyed, so the tables end the same as after one clean run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import secrets
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from jobs.catalog import create_table
+from jobs.config import Config
+from jobs.errors import TxnReconError
+from jobs.lock import warehouse_lock
+from jobs.session import build_session
+from schemas import LANDING
+from schemas.bronze import BRONZE, CLUSTER_BY, INGEST_FILES, INGEST_RUNS, QUARANTINE
+from schemas.spark import to_struct
+from transforms.landing import (
+    DUPLICATE,
+    INSERT,
+    QUARANTINED,
+    check_typed_rows,
+    classify_batch,
+    parse_json_lines,
+    with_record_hash,
+)
+
+log = logging.getLogger(__name__)
+
+JSON_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
+PARQUET_SUFFIXES = (".parquet",)
+
+
+@dataclass(frozen=True)
+class LandingFile:
+    path: Path
+    size: int
+    modified_ms: int
+
+    @property
+    def kind(self) -> str:
+        name = self.path.name
+        if name.endswith(JSON_SUFFIXES):
+            return "json"
+        return "parquet" if name.endswith(PARQUET_SUFFIXES) else "unsupported"
+
+
+@dataclass
+class Tally:
+    files: int = 0
+    files_failed: int = 0
+    read: int = 0
+    inserted: int = 0
+    duplicates: int = 0
+    quarantined: int = 0
+    started: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+
+    def add(self, other: Tally) -> None:
+        for name in ("files", "files_failed", "read", "inserted", "duplicates", "quarantined"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--landing", type=Path, required=True, help="landing root with half/ op/ real/ offset/")
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    landing: Path = args.landing
+    if not landing.is_dir():
+        raise TxnReconError(f"--landing {landing} is not a folder")
+    if not any((landing / s).is_dir() for s in LANDING):
+        raise TxnReconError(f"--landing {landing} has none of the stream folders {', '.join(LANDING)}")
+    now = dt.datetime.now(dt.UTC)
+    run_id = f"ingest-{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+    with warehouse_lock(config, "ingest"):
+        spark = build_session(config)
+        tallies = ingest_landing(spark, config, landing, run_id, now.replace(tzinfo=None))
+    print(summary(run_id, tallies))
+    return 0
+
+
+def ingest_landing(
+    spark: SparkSession, config: Config, landing: Path, run_id: str, ingested_at: dt.datetime
+) -> dict[str, Tally]:
+    """Ingest every stream folder present under `landing`; the run id and time come from the caller."""
+    ensure_tables(spark, config)
+    log.info("ingest %s from %s", run_id, landing)
+    streams = [s for s in LANDING if (landing / s).is_dir()]
+    tallies = {s: ingest_stream(spark, config, landing / s, s, run_id, ingested_at) for s in streams}
+    record_run(spark, config, run_id, tallies)
+    return tallies
+
+
+def ensure_tables(spark: SparkSession, config: Config) -> None:
+    for stream, schema in BRONZE.items():
+        create_table(spark, config, schema, properties={"delta.enableChangeDataFeed": "true"},
+                     cluster_by=CLUSTER_BY[stream])  # fmt: skip
+    for schema in (QUARANTINE, INGEST_RUNS, INGEST_FILES):
+        create_table(spark, config, schema)
+
+
+def list_files(folder: Path) -> list[LandingFile]:
+    """Every landing file below `folder`, in name order; hidden and temporary files are skipped."""
+    found = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not any(part.startswith((".", "_")) for part in path.relative_to(folder).parts):
+            stat = path.stat()
+            found.append(LandingFile(path.resolve(), stat.st_size, int(stat.st_mtime * 1000)))
+    return found
+
+
+def new_files(spark: SparkSession, config: Config, stream: str, files: list[LandingFile]) -> list[LandingFile]:
+    seen = {
+        (r["path"], r["size"], r["modified_ms"])
+        for r in spark.table(config.table("ingest_files")).where(F.col("stream") == stream)
+        .select("path", "size", "modified_ms").collect()
+    }  # fmt: skip
+    return [f for f in files if (str(f.path), f.size, f.modified_ms) not in seen]
+
+
+def batches(files: list[LandingFile], max_bytes: int) -> Iterator[list[LandingFile]]:
+    batch: list[LandingFile] = []
+    size = 0
+    for f in files:
+        if batch and size + f.size > max_bytes:
+            yield batch
+            batch, size = [], 0
+        batch.append(f)
+        size += f.size
+    if batch:
+        yield batch
+
+
+def ingest_stream(
+    spark: SparkSession, config: Config, folder: Path, stream: str, run_id: str, ingested_at: dt.datetime
+) -> Tally:
+    todo = new_files(spark, config, stream, list_files(folder))
+    tally = Tally()
+    if not todo:
+        log.info("%s: no new files", stream)
+        return tally
+    parts = list(batches(todo, config.ingest.batch_bytes))
+    for n, batch in enumerate(parts, 1):
+        started = time.perf_counter()
+        done = ingest_batch(spark, config, stream, batch, run_id, ingested_at)
+        tally.add(done)
+        log.info("%s: batch %d/%d: %d files, %d records: %d inserted, %d duplicates, %d quarantined (%.1f s)",
+                 stream, n, len(parts), done.files, done.read, done.inserted, done.duplicates, done.quarantined,
+                 time.perf_counter() - started)  # fmt: skip
+    return tally
+
+
+def ingest_batch(
+    spark: SparkSession, config: Config, stream: str, files: list[LandingFile], run_id: str, ingested_at: dt.datetime
+) -> Tally:
+    """Ingest a batch whole; if a file cannot be read, ingest its files one by one to isolate it."""
+    readable = [f for f in files if f.kind != "unsupported"]
+    failed = {f: "unsupported file type (expected .jsonl, .json, .jsonl.gz, .json.gz or .parquet)"
+              for f in files if f.kind == "unsupported"}  # fmt: skip
+    tally = Tally()
+    try:
+        if readable:
+            tally = write_records(spark, config, stream, readable, run_id, ingested_at)
+    except Exception as whole:  # a read error surfaces at the first action; nothing was written yet
+        log.warning("%s: a file in this batch cannot be read (%s); reading its files one by one",
+                    stream, _first_line(whole))  # fmt: skip
+        tally = Tally()
+        for f in readable:
+            try:
+                tally.add(write_records(spark, config, stream, [f], run_id, ingested_at))
+            except Exception as e:
+                failed[f] = f"unreadable file: {_first_line(e)}"
+    for f, reason in failed.items():
+        log.warning("%s: quarantined %s: %s", stream, f.path, reason)
+        write_quarantine(spark, config, _failed_file_row(spark, stream, f, reason), run_id, ingested_at)
+    tally.files = len(files)
+    tally.files_failed = len(failed)
+    tally.read += len(failed)
+    tally.quarantined += len(failed)
+    record_files(spark, config, stream, files, set(failed), run_id)
+    return tally
+
+
+def read_files(spark: SparkSession, stream: str, files: list[LandingFile]) -> DataFrame:
+    """The files' records as typed rows with `_source_file`, `_raw` and `_problems`."""
+    schema = LANDING[stream]
+    frames = []
+    json_paths = [str(f.path) for f in files if f.kind == "json"]
+    parquet_paths = [str(f.path) for f in files if f.kind == "parquet"]
+    if json_paths:
+        text = spark.read.text(json_paths).select("value", _source_file())
+        frames.append(text.transform(parse_json_lines(schema)))
+    if parquet_paths:
+        typed = spark.read.schema(to_struct(schema)).parquet(*parquet_paths).select("*", _source_file())
+        frames.append(typed.transform(check_typed_rows(schema)))
+    df = frames[0]
+    for other in frames[1:]:
+        df = df.unionByName(other)
+    return df.transform(with_record_hash(schema))
+
+
+def write_records(
+    spark: SparkSession, config: Config, stream: str, files: list[LandingFile], run_id: str, ingested_at: dt.datetime
+) -> Tally:
+    bronze = BRONZE[stream]
+    existing = spark.table(config.table(bronze.name)).select(*bronze.key, "_record_hash")
+    classified = read_files(spark, stream, files).transform(classify_batch(bronze.key, existing)).persist()
+    try:
+        counts = {r["_fate"]: r["n"] for r in classified.groupBy("_fate").agg(F.count("*").alias("n")).collect()}
+        inserts = classified.where(F.col("_fate") == INSERT).select(
+            *LANDING[stream].names, "_record_hash", "_source_file",
+            F.lit(ingested_at).alias("_ingested_at"), F.lit(run_id).alias("_run_id"),
+        )  # fmt: skip
+        if counts.get(INSERT):
+            inserts.write.format("delta").mode("append").saveAsTable(config.table(bronze.name))
+        if counts.get(QUARANTINED):
+            bad = classified.where(F.col("_fate") == QUARANTINED).select(
+                F.lit(stream).alias("stream"), F.col("_source_file").alias("source_file"),
+                F.col("_raw").alias("raw"), F.col("_reason").alias("reason"),
+            )  # fmt: skip
+            write_quarantine(spark, config, bad, run_id, ingested_at)
+    finally:
+        classified.unpersist()
+    inserted, duplicates, quarantined = (counts.get(k, 0) for k in (INSERT, DUPLICATE, QUARANTINED))
+    return Tally(read=inserted + duplicates + quarantined, inserted=inserted, duplicates=duplicates,
+                 quarantined=quarantined)  # fmt: skip
+
+
+def write_quarantine(
+    spark: SparkSession, config: Config, bad: DataFrame, run_id: str, ingested_at: dt.datetime
+) -> None:
+    """Append quarantine rows not stored before (keyed by stream, file and raw text)."""
+    keyed = bad.withColumn("raw_hash", F.sha2(F.coalesce("raw", "source_file"), 256)).dropDuplicates(
+        list(QUARANTINE.key)
+    )
+    stored = spark.table(config.table(QUARANTINE.name)).select(*QUARANTINE.key)
+    new = keyed.join(stored, on=list(QUARANTINE.key), how="left_anti").select(
+        "stream", "source_file", "raw", "reason", "raw_hash",
+        F.lit(run_id).alias("run_id"), F.lit(ingested_at).alias("ingested_at"),
+    )  # fmt: skip
+    new.write.format("delta").mode("append").saveAsTable(config.table(QUARANTINE.name))
+
+
+def record_files(
+    spark: SparkSession, config: Config, stream: str, files: list[LandingFile], failed: set[LandingFile], run_id: str
+) -> None:
+    rows = [(stream, str(f.path), f.size, f.modified_ms, "failed" if f in failed else "ingested", run_id)
+            for f in files]  # fmt: skip
+    spark.createDataFrame(rows, to_struct(INGEST_FILES)).write.format("delta").mode("append").saveAsTable(
+        config.table(INGEST_FILES.name)
+    )
+
+
+def record_run(spark: SparkSession, config: Config, run_id: str, tallies: dict[str, Tally]) -> None:
+    finished = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    rows = [
+        (run_id, s, t.started.replace(tzinfo=None), finished, t.files, t.files_failed, t.read, t.inserted,
+         t.duplicates, t.quarantined)
+        for s, t in tallies.items()
+    ]  # fmt: skip
+    spark.createDataFrame(rows, to_struct(INGEST_RUNS)).write.format("delta").mode("append").saveAsTable(
+        config.table(INGEST_RUNS.name)
+    )
+
+
+def summary(run_id: str, tallies: dict[str, Tally]) -> str:
+    lines = [f"ingest {run_id}", f"{'stream':<8} {'files':>6} {'failed':>6} {'read':>10} {'inserted':>10} "
+             f"{'duplicates':>10} {'quarantined':>11}"]  # fmt: skip
+    for s, t in tallies.items():
+        lines.append(f"{s:<8} {t.files:>6} {t.files_failed:>6} {t.read:>10} {t.inserted:>10} {t.duplicates:>10} "
+                     f"{t.quarantined:>11}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _source_file() -> F.Column:
+    """`_metadata.file_path` ("file:/a%20b/x") as a plain local path ("/a b/x"); '+' stays '+'."""
+    uri = F.regexp_replace(F.col("_metadata.file_path"), "^file:(//)?", "")
+    return F.url_decode(F.replace(uri, F.lit("+"), F.lit("%2B"))).alias("_source_file")
+
+
+def _failed_file_row(spark: SparkSession, stream: str, f: LandingFile, reason: str) -> DataFrame:
+    return spark.createDataFrame([(stream, str(f.path), None, reason)],
+                                 "stream string, source_file string, raw string, reason string")  # fmt: skip
+
+
+def _first_line(e: BaseException) -> str:
+    """The innermost Java cause of a Spark error (e.g. "EOFException: Unexpected end of input stream")."""
+    throwable = getattr(e, "java_exception", None) or getattr(e, "_origin", None)
+    if throwable is not None:
+        while throwable.getCause() is not None:
+            throwable = throwable.getCause()
+        return f"{throwable.getClass().getSimpleName()}: {throwable.getMessage()}"
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+if __name__ == "__main__":
+    from jobs.cli import main
+
+    sys.exit(main(["ingest", *sys.argv[1:]]))

@@ -1,0 +1,75 @@
+"""Bronze tables: landing records as ingested, plus quarantine and ingest bookkeeping (DESIGN §1)."""
+
+from schemas.landing import LANDING
+from schemas.model import Field, Schema
+
+# Bookkeeping columns every bronze row carries.
+BOOKKEEPING = (
+    Field("_record_hash", "string", doc="SHA-256 of the record's data columns: tells a repeat from a conflict"),
+    Field("_source_file", "string"),
+    Field("_ingested_at", "timestamp"),
+    Field("_run_id", "string"),
+)
+
+# Natural keys (DESIGN §1); an offset commit has none, so the whole record is its key.
+KEYS = {
+    "half": ("broker_name", "queue_id", "queue_offset"),
+    "op": ("broker_name", "queue_id", "queue_offset"),
+    "real": ("broker_name", "topic", "queue_id", "queue_offset"),
+    "offset": ("_record_hash",),
+}
+
+BRONZE = {
+    stream: Schema(f"{stream}_events", schema.fields + BOOKKEEPING, KEYS[stream]) for stream, schema in LANDING.items()
+}
+
+# Liquid clustering: queries go by broker and time.
+CLUSTER_BY = {
+    "half": ("broker_name", "store_timestamp"),
+    "op": ("broker_name", "store_timestamp"),
+    "real": ("broker_name", "store_timestamp"),
+    "offset": ("broker_name", "commit_timestamp"),
+}
+
+QUARANTINE = Schema(
+    "quarantine",
+    (
+        Field("stream", "string"),
+        Field("source_file", "string"),
+        Field("raw", "string", nullable=True, doc="the line as landed (JSON Lines) or the row as JSON (Parquet)"),
+        Field("reason", "string"),
+        Field("raw_hash", "string", doc="SHA-256 of raw (or of the file name for an unreadable file)"),
+        Field("run_id", "string"),
+        Field("ingested_at", "timestamp"),
+    ),
+    key=("stream", "source_file", "raw_hash"),
+)
+
+INGEST_RUNS = Schema(
+    "ingest_runs",
+    (
+        Field("run_id", "string"),
+        Field("stream", "string"),
+        Field("started_at", "timestamp"),
+        Field("finished_at", "timestamp"),
+        Field("files", "int"),
+        Field("files_failed", "int", doc="unreadable files, each quarantined as one item"),
+        Field("records_read", "long", doc="= inserted + duplicates + quarantined"),
+        Field("inserted", "long"),
+        Field("duplicates", "long", doc="exact repeats dropped, within the run or of earlier rows"),
+        Field("quarantined", "long"),
+    ),
+)
+
+INGEST_FILES = Schema(
+    "ingest_files",
+    (
+        Field("stream", "string"),
+        Field("path", "string"),
+        Field("size", "long"),
+        Field("modified_ms", "long"),
+        Field("status", "string", doc="ingested, or failed (unreadable: quarantined, tried again if it changes)"),
+        Field("run_id", "string"),
+    ),
+    key=("stream", "path", "size", "modified_ms"),
+)

@@ -1,0 +1,220 @@
+"""Ingest on real Delta tables: counts, idempotency, incremental files, bad input, out of order."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import gzip
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from broker.landing import LandingWriter
+from broker.profiles import PROFILES
+from broker.simulation import simulate
+from jobs.config import Config
+from jobs.ingest import Tally, ingest_landing
+from schemas import LANDING
+
+pytestmark = pytest.mark.spark
+NOW = dt.datetime(2026, 11, 20, 12, 0, 0)
+
+
+def make_landing(
+    out: Path, n: int = 120, seed: int = 1, fmt: str = "jsonl", per_file: int = 400, drain_ms: int = 360_000
+) -> dict[str, Any]:
+    writer = LandingWriter(out, fmt, per_file)
+    profile = dataclasses.replace(PROFILES["chaos"], txn_per_second=20.0, drain_ms=drain_ms)
+    summary = simulate(n, seed, profile, writer)
+    writer.close(summary, {})
+    meta: dict[str, Any] = json.loads((out / "_truth/meta.json").read_text())
+    return meta
+
+
+def fresh_db(spark: SparkSession, config: Config, name: str) -> Config:
+    cfg = dataclasses.replace(config, database=name)
+    spark.sql(f"DROP DATABASE IF EXISTS {name} CASCADE")
+    spark.sql(f"CREATE DATABASE {name}")
+    return cfg
+
+
+def ingest(spark: SparkSession, cfg: Config, landing: Path, run: str) -> dict[str, Tally]:
+    tallies = ingest_landing(spark, cfg, landing, run, NOW)
+    for t in tallies.values():
+        assert t.read == t.inserted + t.duplicates + t.quarantined
+    return tallies
+
+
+def rows(spark: SparkSession, cfg: Config, stream: str) -> list[dict[str, Any]]:
+    df = spark.table(cfg.table(f"{stream}_events")).select(*LANDING[stream].names)
+    return sorted(({k: v for k, v in r.asDict().items() if v is not None} for r in df.collect()), key=json.dumps)
+
+
+def landed(folder: Path) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for f in sorted(folder.glob("*.jsonl")) for line in f.read_text().splitlines()]
+    return sorted(lines, key=json.dumps)
+
+
+def version(spark: SparkSession, cfg: Config, table: str) -> int:
+    return int(spark.sql(f"DESCRIBE HISTORY {cfg.table(table)}").agg(F.max("version")).collect()[0][0])
+
+
+def test_end_to_end_incremental_and_idempotent(spark: SparkSession, config: Config, tmp_path: Path) -> None:
+    cfg = fresh_db(spark, config, "t_ingest_e2e")
+    landing = tmp_path / "landing"
+    meta = make_landing(landing)
+
+    first = ingest(spark, cfg, landing, "run-1")
+    for stream in LANDING:
+        assert first[stream].inserted == meta["records"][stream] > 0
+        assert first[stream].files == meta["files"][stream]
+        assert rows(spark, cfg, stream) == landed(landing / stream)
+    bronze = spark.table(cfg.table("half_events"))
+    assert bronze.where("_run_id != 'run-1' OR _source_file NOT LIKE '%/half/part-%.jsonl'").count() == 0
+
+    # Again: nothing new, no bronze commit.
+    versions = {s: version(spark, cfg, f"{s}_events") for s in LANDING}
+    again = ingest(spark, cfg, landing, "run-2")
+    assert all(t.files == 0 and t.read == 0 for t in again.values())
+    assert {s: version(spark, cfg, f"{s}_events") for s in LANDING} == versions
+
+    # One more file: only its rows are added.
+    extra = [dict(r, broker_name="broker-z") for r in landed(landing / "half")[:3]]
+    (landing / "half" / "late.jsonl").write_text("".join(json.dumps(r) + "\n" for r in extra))
+    third = ingest(spark, cfg, landing, "run-3")
+    assert (third["half"].files, third["half"].inserted) == (1, 3)
+    assert all(third[s].files == 0 for s in ("op", "real", "offset"))
+    added = spark.table(cfg.table("half_events")).where("_run_id = 'run-3'")
+    assert added.count() == 3 and added.where("broker_name = 'broker-z'").count() == 3
+
+    # The same file under a second name, and a record conflicting with a stored one.
+    shutil.copy(landing / "op" / "part-00000.jsonl", landing / "op" / "resent.jsonl")
+    changed = dict(landed(landing / "real")[0], body_size=123_456)
+    (landing / "real" / "changed.jsonl").write_text(json.dumps(changed) + "\n")
+    fourth = ingest(spark, cfg, landing, "run-4")
+    op_lines = len((landing / "op" / "part-00000.jsonl").read_text().splitlines())
+    assert (fourth["op"].inserted, fourth["op"].duplicates) == (0, op_lines)
+    assert (fourth["real"].inserted, fourth["real"].quarantined) == (0, 1)
+    [q] = spark.table(cfg.table("quarantine")).where("run_id = 'run-4'").collect()
+    assert q["stream"] == "real" and q["reason"] == "conflicts with the stored record of the same natural key"
+    assert json.loads(q["raw"]) == changed and q["source_file"].endswith("/real/changed.jsonl")
+
+    history = spark.table(cfg.table("ingest_runs")).where("stream = 'op'").orderBy("started_at", "run_id").collect()
+    assert [(r["run_id"], r["inserted"], r["duplicates"]) for r in history] == [
+        ("run-1", meta["records"]["op"], 0), ("run-2", 0, 0), ("run-3", 0, 0), ("run-4", 0, op_lines)]  # fmt: skip
+
+
+def test_bronze_tables_have_change_data_feed_and_clustering(spark: SparkSession, config: Config) -> None:
+    cfg = fresh_db(spark, config, "t_ingest_props")
+    from jobs.ingest import ensure_tables
+
+    ensure_tables(spark, cfg)
+    detail = spark.sql(f"DESCRIBE DETAIL {cfg.table('real_events')}").collect()[0]
+    assert detail["properties"]["delta.enableChangeDataFeed"] == "true"
+    assert detail["clusteringColumns"] == ["broker_name", "store_timestamp"]
+    columns = spark.table(cfg.table("real_events")).columns
+    assert columns[-4:] == ["_record_hash", "_source_file", "_ingested_at", "_run_id"]
+
+
+def test_parquet_and_jsonl_land_the_same_rows(spark: SparkSession, config: Config, tmp_path: Path) -> None:
+    from_json = fresh_db(spark, config, "t_ingest_json")
+    from_parquet = fresh_db(spark, config, "t_ingest_parquet")
+    make_landing(tmp_path / "j", n=60, seed=4)
+    make_landing(tmp_path / "p", n=60, seed=4, fmt="parquet")
+    ingest(spark, from_json, tmp_path / "j", "run-j")
+    tallies = ingest(spark, from_parquet, tmp_path / "p", "run-p")
+    assert all(t.quarantined == 0 for t in tallies.values())
+    for stream in LANDING:
+        assert rows(spark, from_parquet, stream) == rows(spark, from_json, stream)
+
+
+GOOD_HALF = {
+    "broker_name": "b", "queue_id": 0, "queue_offset": 1, "commit_log_offset": 100, "store_timestamp": 1000,
+    "born_timestamp": 990, "uniq_key": "K1", "producer_group": "pg", "real_topic": "orders", "real_queue_id": 2,
+}  # fmt: skip
+GOOD_REAL = {
+    "broker_name": "b", "topic": "orders", "queue_id": 2, "queue_offset": 0, "commit_log_offset": 300,
+    "store_timestamp": 1010, "born_timestamp": 990, "uniq_key": "K1", "sys_flag": 8, "transactional": True,
+}  # fmt: skip
+
+
+def _op(offset: int, body: str) -> dict[str, Any]:
+    return {"broker_name": "b", "queue_id": 0, "queue_offset": offset, "commit_log_offset": 200 + offset,
+            "store_timestamp": 1005, "born_timestamp": 1005, "tag": "d", "body": body}  # fmt: skip
+
+
+def test_bad_input_is_quarantined_with_reasons(spark: SparkSession, config: Config, tmp_path: Path) -> None:
+    cfg = fresh_db(spark, config, "t_ingest_bad")
+    landing = tmp_path / "landing"
+    for stream in LANDING:
+        (landing / stream).mkdir(parents=True)
+    half_lines = [
+        json.dumps(GOOD_HALF),
+        json.dumps(dict(GOOD_HALF, queue_offset=2, uniq_key="K2", check_times=1)),
+        json.dumps(GOOD_HALF),  # an exact repeat
+        '{"broker_name": "b", "queue_id": 0,',  # malformed JSON
+        json.dumps({k: v for k, v in dict(GOOD_HALF, queue_offset=3).items() if k != "uniq_key"}),
+        json.dumps(dict(GOOD_HALF, queue_offset=4, queue_id="abc")),
+        json.dumps(dict(GOOD_HALF, queue_offset=-5)),
+        json.dumps(dict(GOOD_HALF, queue_offset=6, store_timestamp=-1)),
+    ]
+    (landing / "half" / "mixed.jsonl").write_text("\n".join(half_lines) + "\n")
+    (landing / "half" / "notes.txt").write_text("not a landing file\n")
+    (landing / "op" / "ops.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        _op(0, "1,2,"), _op(1, "1,x"), _op(2, "3"), _op(3, "")]) + "\n")  # fmt: skip
+    (landing / "offset" / "empty.jsonl").write_text("")
+    with gzip.open(landing / "real" / "good.jsonl.gz", "wt") as f:
+        f.write(json.dumps(GOOD_REAL) + "\n")
+    whole = gzip.compress(("".join(json.dumps(dict(GOOD_REAL, queue_offset=i)) + "\n" for i in range(1, 400))).encode())
+    (landing / "real" / "truncated.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+
+    tallies = ingest(spark, cfg, landing, "run-bad")
+
+    assert (tallies["half"].inserted, tallies["half"].duplicates, tallies["half"].quarantined) == (2, 1, 6)
+    assert (tallies["half"].files, tallies["half"].files_failed) == (2, 1)
+    assert (tallies["op"].inserted, tallies["op"].quarantined) == (2, 2)
+    assert (tallies["real"].inserted, tallies["real"].files_failed) == (1, 1)
+    assert (tallies["offset"].files, tallies["offset"].read) == (1, 0)
+    assert rows(spark, cfg, "half") == sorted([GOOD_HALF, dict(GOOD_HALF, queue_offset=2, uniq_key="K2",
+                                                               check_times=1)], key=json.dumps)  # fmt: skip
+    assert rows(spark, cfg, "real") == [GOOD_REAL]
+
+    reasons = {(r["stream"], r["reason"]) for r in spark.table(cfg.table("quarantine")).collect()}
+    assert {
+        ("half", "malformed JSON: not one JSON object per line"),
+        ("half", "missing required field 'uniq_key'"),
+        ("half", "field 'queue_id' is not int: abc"),
+        ("half", "negative queue_offset: -5"),
+        ("half", "negative store_timestamp: -1"),
+        ("op", "op body is not a list of offsets: 1,x"),
+        ("op", "op body is not a list of offsets: "),
+    } < reasons
+    unsupported = [r for s, r in reasons if s == "half" and r.startswith("unsupported file type")]
+    assert len(unsupported) == 1
+    assert ("real", "unreadable file: EOFException: Unexpected end of input stream") in reasons
+    assert len(reasons) == 9
+    failed = spark.table(cfg.table("ingest_files")).where("status = 'failed'").select("path").collect()
+    assert sorted(Path(r["path"]).name for r in failed) == ["notes.txt", "truncated.jsonl.gz"]
+
+    # Nothing changes on a rerun: the failed files are not retried until they change.
+    again = ingest(spark, cfg, landing, "run-bad-2")
+    assert all(t.files == 0 for t in again.values())
+    assert spark.table(cfg.table("quarantine")).count() == 9
+
+
+def test_an_op_may_arrive_before_its_half(spark: SparkSession, config: Config, tmp_path: Path) -> None:
+    cfg = fresh_db(spark, config, "t_ingest_order")
+    landing = tmp_path / "landing"
+    (landing / "op").mkdir(parents=True)
+    (landing / "op" / "early.jsonl").write_text(json.dumps(_op(0, "1,")) + "\n")
+    assert ingest(spark, cfg, landing, "run-a")["op"].inserted == 1
+    (landing / "half").mkdir()
+    (landing / "half" / "late.jsonl").write_text(json.dumps(GOOD_HALF) + "\n")
+    tallies = ingest(spark, cfg, landing, "run-b")
+    assert (tallies["half"].inserted, tallies["op"].files) == (1, 0)
+    assert rows(spark, cfg, "op") == [_op(0, "1,")]

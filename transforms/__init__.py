@@ -1,0 +1,1 @@
+"""Pure DataFrame -> DataFrame transforms: no reads, writes, actions or session creation."""

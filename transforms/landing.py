@@ -1,0 +1,145 @@
+"""Landing records into typed, validated bronze rows (pure DataFrame -> DataFrame).
+
+Every record either becomes a typed row or carries the reasons it breaks the landing contract
+(DESIGN §1) in `_problems`; nothing is dropped here. `classify_batch` then decides each row's fate
+against what bronze already holds: insert, duplicate (an exact repeat) or quarantine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from schemas.model import Schema
+from schemas.spark import to_struct
+
+Transform = Callable[[DataFrame], DataFrame]
+
+# Offsets, ids and times can never be negative; a negative one means a broken exporter.
+NON_NEGATIVE = frozenset({
+    "queue_id", "queue_offset", "commit_log_offset", "store_timestamp", "born_timestamp", "real_queue_id",
+    "check_times", "check_immunity_seconds", "prepared_queue_offset", "prepared_transaction_offset",
+    "body_size", "reconsume_times", "offset", "commit_timestamp", "seq",
+})  # fmt: skip
+OP_BODY = r"^[0-9]+(,[0-9]+)*,?$"  # "17" (<= 5.0) or "17,18,20," (5.1+)
+INSERT, DUPLICATE, QUARANTINED = "insert", "duplicate", "quarantine"  # a row's _fate
+
+
+def parse_json_lines(schema: Schema) -> Transform:
+    """(value, _source_file) text lines -> the schema's typed columns, `_raw`, `_problems`."""
+    lenient = T.StructType([T.StructField(f.name, T.StringType()) for f in schema.fields])
+    struct = to_struct(schema)
+
+    def transform(df: DataFrame) -> DataFrame:
+        parsed = df.select(
+            F.col("value").alias("_raw"),
+            "_source_file",
+            F.expr("json_object_keys(value) IS NOT NULL").alias("_is_object"),
+            F.from_json("value", lenient).alias("_text"),
+        )
+        typed = [_typed(F.col("_text")[f.name], f.type).alias(f.name) for f in schema.fields]
+        mistyped = [
+            F.when(F.col("_text")[f.name].isNotNull() & F.col(f.name).isNull(),
+                   F.concat(F.lit(f"field '{f.name}' is not {f.dataType.simpleString()}: "), F.col("_text")[f.name]))
+            for f in struct.fields
+        ]  # fmt: skip
+        out = parsed.select("*", *typed)
+        problems = F.when(~F.col("_is_object"), F.array(F.lit("malformed JSON: not one JSON object per line")))
+        given = {f.name: F.col("_text")[f.name].isNotNull() for f in schema.fields}
+        problems = problems.otherwise(F.concat(_compact(mistyped), _value_problems(schema, given)))
+        return out.select(*schema.names, "_source_file", "_raw", problems.alias("_problems"))
+
+    return transform
+
+
+def check_typed_rows(schema: Schema) -> Transform:
+    """Rows already typed (Parquet, read with the schema) -> the same columns plus `_raw`, `_problems`."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        raw = F.to_json(F.struct(*schema.names))
+        given = {f.name: F.col(f.name).isNotNull() for f in schema.fields}
+        problems = _value_problems(schema, given)
+        return df.select(*schema.names, "_source_file", raw.alias("_raw"), problems.alias("_problems"))
+
+    return transform
+
+
+def _typed(text: Column, kind: str) -> Column:
+    if kind == "string":
+        return text
+    if kind == "boolean":  # try_cast would take "1" or "yes"; JSON booleans are true and false
+        return F.when(F.lower(text) == "true", True).when(F.lower(text) == "false", False)
+    return text.try_cast({"int": "int", "long": "bigint", "double": "double"}[kind])  # null when not a number
+
+
+def _value_problems(schema: Schema, given: dict[str, Column]) -> Column:
+    """Missing required fields (not `given`), negative offsets and times, an op body that is not a list
+    of offsets. A field given with the wrong type is reported by the parser, not again here."""
+    checks = [
+        F.when(~given[f.name], F.lit(f"missing required field '{f.name}'")) for f in schema.fields if not f.nullable
+    ]
+    checks += [
+        F.when(F.col(f.name) < 0, F.concat(F.lit(f"negative {f.name}: "), F.col(f.name).cast("string")))
+        for f in schema.fields if f.name in NON_NEGATIVE
+    ]  # fmt: skip
+    if "body" in schema.names and schema.name == "op":
+        checks.append(F.when(~F.col("body").rlike(OP_BODY),
+                             F.concat(F.lit("op body is not a list of offsets: "), F.col("body"))))  # fmt: skip
+    return _compact(checks)
+
+
+def _compact(messages: list[Column]) -> Column:
+    """The non-null messages, as an array (empty when all are null)."""
+    return F.filter(F.array(*messages), lambda m: m.isNotNull()) if messages else F.array().cast("array<string>")
+
+
+def with_record_hash(schema: Schema) -> Transform:
+    """`_record_hash`: SHA-256 over the data columns, so a repeat can be told from a conflict."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        return df.withColumn("_record_hash", F.sha2(F.to_json(F.struct(*schema.names)), 256))
+
+    return transform
+
+
+def classify_batch(key: tuple[str, ...], existing_df: DataFrame) -> Transform:
+    """Give each row of a batch its `_fate` and, when quarantined, its `_reason`.
+
+    Within the batch the first row of each natural key (by source file, then hash) is the candidate;
+    exact repeats of it are duplicates and rows with other content under the same key are conflicts.
+    Against `existing_df` (the bronze key columns and `_record_hash`) a candidate already stored with
+    the same hash is a duplicate, with another hash a conflict. Conflicts go to quarantine.
+    """
+
+    def transform(df: DataFrame) -> DataFrame:
+        valid = F.size("_problems") == 0
+        order = Window.partitionBy(valid, *key).orderBy("_source_file", "_record_hash", "_raw")
+        ranked = df.withColumn("_rank", F.row_number().over(order)).withColumn(
+            "_first_hash", F.first("_record_hash").over(order.rowsBetween(Window.unboundedPreceding, 0))
+        )
+        stored = existing_df.select(*key, F.col("_record_hash").alias("_stored_hash"))
+        joined = ranked.join(stored, on=list(key), how="left")
+        fate = (
+            F.when(~valid, QUARANTINED)
+            .when(F.col("_record_hash") != F.col("_first_hash"), QUARANTINED)
+            .when(F.col("_rank") > 1, DUPLICATE)
+            .when(F.col("_stored_hash").isNull(), INSERT)
+            .when(F.col("_stored_hash") == F.col("_record_hash"), DUPLICATE)
+            .otherwise(QUARANTINED)
+        )
+        reason = (
+            F.when(~valid, F.array_join("_problems", "; "))
+            .when(F.col("_record_hash") != F.col("_first_hash"),
+                  F.lit("conflicts with another record of the same natural key in this batch"))
+            .when((F.col("_rank") == 1) & F.col("_stored_hash").isNotNull()
+                  & (F.col("_stored_hash") != F.col("_record_hash")),
+                  F.lit("conflicts with the stored record of the same natural key"))
+        )  # fmt: skip
+        return (
+            joined.withColumn("_fate", fate).withColumn("_reason", reason).drop("_rank", "_first_hash", "_stored_hash")
+        )
+
+    return transform
