@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup jars lint test run bench-sim clean
+.PHONY: setup jars lint test run bench-sim bench-ingest clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ bench-sim: setup
 	rm -rf landing/bench-sim
 	$(BIN)/txn-recon simulate --out landing/bench-sim --transactions 1000000 --benchmark
 	rm -rf landing/bench-sim
+
+# Ingest throughput from JSON Lines and from Parquet, about a million events each.
+bench-ingest: setup
+	$(BIN)/python -m tests.bench.bench_ingest
 
 clean:
 	rm -rf warehouse landing .pytest_cache .mypy_cache .ruff_cache

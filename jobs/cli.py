@@ -8,22 +8,27 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
-from types import ModuleType
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
-from jobs import ingest, simulate, spark_conf, sql
+from jobs import ingest, pipeline, reconcile, score, simulate, spark_conf, sql
 from jobs.config import ENVIRONMENTS, load_config
 from jobs.errors import TxnReconError
 
 log = logging.getLogger("txn_recon")
 
-# name -> (module with add_arguments(parser) and run(args, config), one-line help)
-JOBS: dict[str, tuple[ModuleType, str]] = {
-    "simulate": (simulate, "run the broker model: landing folders and ground truth (no Spark)"),
-    "ingest": (ingest, "land the landing folders in bronze Delta tables, incrementally and idempotently"),
-    "sql": (sql, "run one Spark SQL statement against the warehouse catalog"),
-    "spark-conf": (spark_conf, "write spark-defaults.conf for spark-sql / spark-submit"),
+Job = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace, Any], int], str]
+
+# name -> (add_arguments(parser), run(args, config) -> exit code, one-line help)
+JOBS: dict[str, Job] = {
+    "simulate": (simulate.add_arguments, simulate.run, "run the broker model: landing folders and truth (no Spark)"),
+    "ingest": (ingest.add_arguments, ingest.run, "land new landing files in the bronze Delta tables"),
+    "reconcile": (reconcile.add_arguments, reconcile.run, "transaction lifecycles and anomalies as of a data time"),
+    "score": (score.add_arguments, score.run, "precision and recall of the anomalies against the model's truth"),
+    "run": (pipeline.add_run_arguments, pipeline.run_pipeline, "the pipeline on a landing folder: ingest, reconcile"),
+    "demo": (pipeline.add_demo_arguments, pipeline.demo, "simulate the default profile, run the pipeline, score"),
+    "sql": (sql.add_arguments, sql.run, "run one Spark SQL statement against the warehouse catalog"),
+    "spark-conf": (spark_conf.add_arguments, spark_conf.run, "write spark-defaults.conf for spark-sql / spark-submit"),
 }
 
 
@@ -35,14 +40,14 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="txn-recon", description="Reconciliation of RocketMQ transactional messaging.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-    for name, (module, help_text) in JOBS.items():
+    for name, (add_arguments, run, help_text) in JOBS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--conf", metavar="FILE", help="YAML settings layered over conf/base.yaml")
         p.add_argument("--env", choices=ENVIRONMENTS, help="environment file under conf/ (default: local)")
         p.add_argument("--warehouse", metavar="DIR", help="warehouse folder (overrides the configured one)")
         p.add_argument("--debug", action="store_true", help="show the full traceback of an unexpected error")
-        module.add_arguments(p)
-        p.set_defaults(run=module.run)
+        add_arguments(p)
+        p.set_defaults(run=run)
     return parser
 
 

@@ -80,14 +80,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--landing", type=Path, required=True, help="landing root with half/ op/ real/ offset/")
 
 
-def run(args: argparse.Namespace, config: Config) -> int:
-    landing: Path = args.landing
+def validate_landing(landing: Path) -> None:
     if not landing.is_dir():
         raise TxnReconError(f"--landing {landing} is not a folder")
     if not any((landing / s).is_dir() for s in LANDING):
         raise TxnReconError(f"--landing {landing} has none of the stream folders {', '.join(LANDING)}")
+
+
+def new_run_id(now: dt.datetime) -> str:
+    return f"ingest-{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    landing: Path = args.landing
+    validate_landing(landing)
     now = dt.datetime.now(dt.UTC)
-    run_id = f"ingest-{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+    run_id = new_run_id(now)
     with warehouse_lock(config, "ingest"):
         spark = build_session(config)
         tallies = ingest_landing(spark, config, landing, run_id, now.replace(tzinfo=None))

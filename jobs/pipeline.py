@@ -1,0 +1,65 @@
+"""`txn-recon run --landing DIR` (ingest, then reconcile) and `txn-recon demo` (simulate, run, score):
+the main job. Later stages (quality, report) join `run` as they land."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+from jobs import ingest, reconcile, score, simulate
+from jobs.config import Config
+from jobs.lock import warehouse_lock
+from jobs.session import build_session
+
+log = logging.getLogger(__name__)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--landing", type=Path, required=True, help="landing root with half/ op/ real/ offset/")
+    parser.add_argument("--as-of", type=int, metavar="EPOCH_MS", help="data time (default: the latest event)")
+
+
+def run_pipeline(args: argparse.Namespace, config: Config) -> int:
+    landing: Path = args.landing
+    ingest.validate_landing(landing)
+    now = dt.datetime.now(dt.UTC)
+    run_id = ingest.new_run_id(now)
+    with warehouse_lock(config, "run"):
+        spark = build_session(config)
+        log.info("[1/2] ingest")
+        tallies = ingest.ingest_landing(spark, config, landing, run_id, now.replace(tzinfo=None))
+        print(ingest.summary(run_id, tallies))
+        log.info("[2/2] reconcile")
+        counts = reconcile.reconcile(spark, config, args.as_of)
+        print(reconcile.summary(counts))
+    return 0
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=Path("landing/demo"), help="landing folder (recreated)")
+    parser.add_argument("--transactions", type=int, default=100_000, help="transactions to simulate")
+    parser.add_argument("--seed", type=int, default=1, help="random seed")
+    parser.add_argument("--profile", default="default", help="fault profile")
+
+
+def demo(args: argparse.Namespace, config: Config) -> int:
+    """Simulate, run the pipeline on the result, and score it against the model's truth."""
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    log.info("demo: simulate")
+    sim = argparse.Namespace(out=args.out, transactions=args.transactions, seed=args.seed, profile=args.profile,
+                             format="jsonl", rate=None, records_per_file=250_000, benchmark=False)  # fmt: skip
+    simulate.run(sim, config)
+    run_pipeline(argparse.Namespace(landing=args.out, as_of=None), config)
+    log.info("demo: score against %s", args.out / "_truth")
+    return score.run(argparse.Namespace(truth=args.out), config)
+
+
+if __name__ == "__main__":
+    from jobs.cli import main
+
+    sys.exit(main(["run", *sys.argv[1:]]))

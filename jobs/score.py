@@ -1,0 +1,135 @@
+"""`txn-recon score --truth DIR`: precision and recall of the anomalies table against the broker
+model's `_truth/anomalies.jsonl`, per type, listing every false positive and false negative key.
+Exit code 1 when any type's precision or recall is below 1.0."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from jobs.config import Config
+from jobs.errors import TxnReconError
+from jobs.session import build_session
+from schemas.reconciled import ANOMALIES
+
+Key = tuple[Any, ...]
+SHOWN = 20  # keys listed per type and direction
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--truth", type=Path, required=True, help="a landing folder with _truth/, or _truth/ itself")
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    truth_dir = args.truth / "_truth" if (args.truth / "_truth").is_dir() else args.truth
+    expected, truth_as_of = read_truth(truth_dir)
+    spark = build_session(config)
+    found, as_of = read_found(spark, config)
+    if as_of is not None and as_of != truth_as_of:
+        raise TxnReconError(f"the anomalies are as of {as_of} but the truth in {truth_dir} is as of {truth_as_of}; "
+                            f"reconcile this landing alone (or with --as-of {truth_as_of}) before scoring")  # fmt: skip
+    scores = score(expected, found)
+    print(report(scores))
+    return 0 if all(s.perfect for s in scores.values()) else 1
+
+
+def truth_key(a: dict[str, Any]) -> Key:
+    if a["anomaly_type"] == "OFFSET_REGRESSION":
+        return (a["broker_name"], a["consumer_group"], a["topic"], a["queue_id"], a["commit_timestamp"], a["seq"])
+    return (a["broker_name"], a["uniq_key"], a["reason"])
+
+
+def read_truth(truth_dir: Path) -> tuple[dict[str, set[Key]], int]:
+    try:
+        meta = json.loads((truth_dir / "meta.json").read_text())
+        lines = (truth_dir / "anomalies.jsonl").read_text().splitlines()
+    except FileNotFoundError as e:
+        raise TxnReconError(f"{truth_dir} has no ground truth ({Path(e.filename).name} missing)") from None
+    expected: dict[str, set[Key]] = {}
+    for line in lines:
+        a = json.loads(line)
+        expected.setdefault(a["anomaly_type"], set()).add(truth_key(a))
+    return expected, int(meta["as_of"])
+
+
+def read_found(spark: SparkSession, config: Config) -> tuple[dict[str, set[Key]], int | None]:
+    table = config.table(ANOMALIES.name)
+    if not spark.catalog.tableExists(table):
+        raise TxnReconError(f"{table} does not exist; run `txn-recon reconcile` first")
+    rows = [r.asDict() for r in spark.table(table).collect()]
+    return found_keys(rows), (rows[0]["as_of"] if rows else None)
+
+
+def found_keys(rows: Iterable[dict[str, Any]]) -> dict[str, set[Key]]:
+    """Anomaly rows (the anomalies table's columns) keyed the way the truth is."""
+    found: dict[str, set[Key]] = {}
+    for r in rows:
+        if r["anomaly_type"] == "OFFSET_REGRESSION":
+            seq = json.loads(r["detail"]).get("seq")
+            key: Key = (r["broker_name"], r["consumer_group"], r["topic"], r["queue_id"], r["event_ts"], seq)
+        else:
+            key = (r["broker_name"], r["uniq_key"], r["reason"])
+        found.setdefault(r["anomaly_type"], set()).add(key)
+    return found
+
+
+@dataclass
+class Score:
+    expected: int
+    found: int
+    false_positives: list[Key] = field(default_factory=list)
+    false_negatives: list[Key] = field(default_factory=list)
+
+    @property
+    def precision(self) -> float:
+        return 1.0 if self.found == 0 else (self.found - len(self.false_positives)) / self.found
+
+    @property
+    def recall(self) -> float:
+        return 1.0 if self.expected == 0 else (self.expected - len(self.false_negatives)) / self.expected
+
+    @property
+    def perfect(self) -> bool:
+        return not self.false_positives and not self.false_negatives
+
+
+def score(expected: dict[str, set[Key]], found: dict[str, set[Key]]) -> dict[str, Score]:
+    return {
+        kind: Score(
+            len(expected.get(kind, set())),
+            len(found.get(kind, set())),
+            sorted(found.get(kind, set()) - expected.get(kind, set()), key=repr),
+            sorted(expected.get(kind, set()) - found.get(kind, set()), key=repr),
+        )
+        for kind in sorted(set(expected) | set(found))
+    }
+
+
+def report(scores: dict[str, Score]) -> str:
+    lines = [f"{'anomaly type':<28} {'expected':>9} {'found':>9} {'precision':>9} {'recall':>9}"]
+    for kind, s in scores.items():
+        lines.append(f"{kind:<28} {s.expected:>9} {s.found:>9} {s.precision:>9.4f} {s.recall:>9.4f}")
+    for kind, s in scores.items():
+        lines += _listing(f"{kind} false positive", s.false_positives)
+        lines += _listing(f"{kind} false negative", s.false_negatives)
+    verdict = "all types perfect" if all(s.perfect for s in scores.values()) else "MISMATCH"
+    return "\n".join([*lines, f"score: {verdict}"])
+
+
+def _listing(label: str, keys: Iterable[Key]) -> list[str]:
+    keys = list(keys)
+    shown = [f"  {label}: {k}" for k in keys[:SHOWN]]
+    return shown + ([f"  ... and {len(keys) - SHOWN} more"] if len(keys) > SHOWN else [])
+
+
+if __name__ == "__main__":
+    from jobs.cli import main
+
+    sys.exit(main(["score", *sys.argv[1:]]))

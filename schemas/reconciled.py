@@ -1,0 +1,66 @@
+"""Silver and gold tables written by reconcile (DESIGN §2)."""
+
+from schemas.model import Field, Schema
+
+TXN_LIFECYCLE = Schema(
+    "txn_lifecycle",
+    (
+        Field("broker_name", "string"),
+        Field("uniq_key", "string"),
+        Field("producer_group", "string", nullable=True),
+        Field("real_topic", "string", nullable=True),
+        Field("real_queue_id", "int", nullable=True),
+        Field("born_ts", "long", nullable=True),
+        Field("first_copy_ts", "long", nullable=True, doc="null: a commit with no half"),
+        Field("last_copy_ts", "long", nullable=True),
+        Field("copies", "int", doc="half records: the original and its check copies"),
+        Field("check_times", "int", doc="largest TRANSACTION_CHECK_TIMES (0: none)"),
+        Field("resolved_ts", "long", nullable=True, doc="the first op listing one of its copies"),
+        Field("commit_count", "int"),
+        Field("first_commit_ts", "long", nullable=True),
+        Field("first_commit_topic", "string", nullable=True),
+        Field("first_commit_queue_id", "int", nullable=True),
+        Field("first_commit_queue_offset", "long", nullable=True),
+        Field("discard_ts", "long", nullable=True, doc="first record in TRANS_CHECK_MAX_TIME_TOPIC"),
+        Field("state", "string", doc="COMMITTED, ROLLED_BACK, DISCARDED or PENDING"),
+        Field("reason", "string", nullable=True, doc="MAX_CHECKS or EXPIRED when DISCARDED"),
+        Field("as_of", "long"),
+    ),
+    key=("broker_name", "uniq_key"),
+)
+
+OFFSET_COMMITS = Schema(
+    "offset_commits",
+    (
+        Field("broker_name", "string"),
+        Field("consumer_group", "string"),
+        Field("topic", "string"),
+        Field("queue_id", "int"),
+        Field("offset", "long"),
+        Field("commit_timestamp", "long"),
+        Field("client_id", "string", nullable=True),
+        Field("seq", "long", nullable=True),
+        Field("prev_offset", "long", nullable=True, doc="the queue's previous commit, by (commit_timestamp, seq)"),
+        Field("prev_client_id", "string", nullable=True),
+        Field("is_regression", "boolean"),
+        Field("as_of", "long"),
+    ),
+)
+
+ANOMALIES = Schema(
+    "anomalies",
+    (
+        Field("anomaly_id", "string", doc="SHA-256 of type and key: a rerun updates, never duplicates"),
+        Field("anomaly_type", "string"),
+        Field("reason", "string", nullable=True),
+        Field("broker_name", "string"),
+        Field("uniq_key", "string", nullable=True),
+        Field("consumer_group", "string", nullable=True),
+        Field("topic", "string", nullable=True),
+        Field("queue_id", "int", nullable=True),
+        Field("event_ts", "long"),
+        Field("as_of", "long"),
+        Field("detail", "string", doc="a JSON object"),
+    ),
+    key=("anomaly_id",),
+)

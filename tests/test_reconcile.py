@@ -1,0 +1,131 @@
+"""Reconcile end to end: precision and recall against the broker model's truth, reruns, later runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from jobs.config import Config
+from jobs.reconcile import reconcile
+from jobs.score import found_keys, score, truth_key
+from schemas import LANDING
+from schemas.spark import to_struct
+from tests.broker.harness import run_model
+from tests.test_ingest import fresh_db, ingest, make_landing
+from transforms.anomalies import all_anomalies, offset_commits
+from transforms.lifecycle import Rules, commits, discards, lifecycle, resolved_offsets, transactions, with_resolution
+
+pytestmark = pytest.mark.spark
+AS_OF = 2_000_000_000_000
+RUNS = [(p, seed, rate) for p, rate in (("clean", 20.0), ("default", 2.0), ("chaos", 2.0)) for seed in (1, 2, 3)]
+TIME_FIELDS = ("store_timestamp", "born_timestamp", "commit_timestamp")
+
+
+def _shifted(rec: dict[str, Any], prefix: str, shift: int) -> dict[str, Any]:
+    out = {k: (v + shift if k in TIME_FIELDS else v) for k, v in rec.items()}
+    out["broker_name"] = f"{prefix}/{rec['broker_name']}"
+    return out
+
+
+def test_precision_and_recall_are_one_for_every_profile_and_seed(spark: SparkSession) -> None:
+    """Nine model runs in one pipeline: each run's times shifted to a common as_of (the rules only
+    look at differences from it) and its brokers renamed, so the runs stay disjoint."""
+    records: dict[str, list[dict[str, Any]]] = {s: [] for s in LANDING}
+    expected: dict[str, set[Any]] = {}
+    clean_prefixes = set()
+    for profile, seed, rate in RUNS:
+        run = run_model(120, seed, profile, txn_per_second=rate)
+        prefix, shift = f"{profile}{seed}", AS_OF - run.summary.as_of
+        if profile == "clean":
+            clean_prefixes.add(prefix)
+        for stream, recs in run.records.items():
+            records[stream] += [_shifted(r, prefix, shift) for r in recs]
+        for a in run.truth_anomalies:
+            a = dict(a, broker_name=f"{prefix}/{a['broker_name']}")
+            if "commit_timestamp" in a:
+                a["commit_timestamp"] += shift
+            expected.setdefault(a["anomaly_type"], set()).add(truth_key(a))
+    frames = {s: spark.createDataFrame([tuple(r.get(n) for n in LANDING[s].names) for r in recs], to_struct(LANDING[s]))
+              for s, recs in records.items()}  # fmt: skip
+    found = _anomalies(frames, AS_OF, Rules())
+    scores = score(expected, found_keys(found))
+    assert {k for k in scores} >= {"STUCK_HALF", "DISCARDED_AFTER_MAX_CHECKS", "DISCARDED_EXPIRED", "ORPHANED_COMMIT",
+                                   "DUPLICATE_COMMIT", "OFFSET_REGRESSION"}  # fmt: skip
+    for kind, s in scores.items():
+        assert s.perfect, (kind, s.false_positives[:5], s.false_negatives[:5])
+    assert not [r for r in found if r["broker_name"].split("/")[0] in clean_prefixes]
+
+
+def _anomalies(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> list[dict[str, Any]]:
+    copies = frames["half"].transform(with_resolution(resolved_offsets(frames["op"])))
+    life = transactions(copies).transform(lifecycle(commits(frames["real"]), discards(frames["real"]), as_of, rules))
+    found = all_anomalies(life, frames["offset"].transform(offset_commits(as_of)), frames["real"], as_of, rules)
+    return [r.asDict() for r in found.collect()]
+
+
+def _table(spark: SparkSession, cfg: Config, name: str) -> list[tuple[Any, ...]]:
+    return sorted(tuple(r) for r in spark.table(cfg.table(name)).collect())
+
+
+def test_reconcile_job_scores_perfectly_and_a_rerun_changes_nothing(
+    spark: SparkSession, config: Config, tmp_path: Path
+) -> None:
+    cfg = fresh_db(spark, config, "t_reconcile")
+    landing = tmp_path / "landing"
+    meta = make_landing(landing, n=150, seed=21)
+    ingest(spark, cfg, landing, "run-1")
+    counts = reconcile(spark, cfg)
+    assert counts == meta["anomalies"]
+
+    truth: dict[str, set[Any]] = {}
+    for line in (landing / "_truth/anomalies.jsonl").read_text().splitlines():
+        a = json.loads(line)
+        truth.setdefault(a["anomaly_type"], set()).add(truth_key(a))
+    rows = [r.asDict() for r in spark.table(cfg.table("anomalies")).collect()]
+    assert all(s.perfect for s in score(truth, found_keys(rows)).values())
+    assert {r["as_of"] for r in rows} == {meta["as_of"]}
+    states = {
+        r["state"]: r["count"] for r in spark.table(cfg.table("txn_lifecycle")).groupBy("state").count().collect()
+    }
+    assert states == meta["states"]
+
+    before = {t: _table(spark, cfg, t) for t in ("anomalies", "txn_lifecycle", "offset_commits")}
+    reconcile(spark, cfg)
+    assert {t: _table(spark, cfg, t) for t in before} == before
+    last_merge = spark.sql(f"DESCRIBE HISTORY {cfg.table('anomalies')}").orderBy("version", ascending=False).first()
+    assert last_merge is not None and last_merge["operation"] == "MERGE"
+    metrics = last_merge["operationMetrics"]
+    assert (metrics["numTargetRowsInserted"], metrics["numTargetRowsUpdated"], metrics["numTargetRowsDeleted"]) == (
+        "0", "0", "0")  # fmt: skip
+
+
+def test_a_later_run_clears_a_stuck_half_that_committed(spark: SparkSession, config: Config, tmp_path: Path) -> None:
+    cfg = fresh_db(spark, config, "t_reconcile_later")
+    landing = tmp_path / "landing"
+    make_landing(landing, n=150, seed=25)  # seed 25 has a transaction committed 114 s after it was born
+    ingest(spark, cfg, landing, "run-1")
+    reconcile(spark, cfg)
+    row = (
+        spark.table(cfg.table("txn_lifecycle"))
+        .where("state = 'COMMITTED' AND discard_ts IS NULL AND first_commit_ts - born_ts BETWEEN 60000 AND 400000")
+        .where("resolved_ts IS NULL OR resolved_ts >= first_commit_ts")
+        .orderBy("first_commit_ts")
+        .first()
+    )
+    assert row is not None, "the chaos landing has a transaction that commits after being stuck"
+    late = {"uniq_key": row["uniq_key"], "committed": row["first_commit_ts"]}
+    reconcile(spark, cfg, as_of=late["committed"] - 1)
+    stuck = f"anomaly_type = 'STUCK_HALF' AND uniq_key = '{late['uniq_key']}'"
+    assert spark.table(cfg.table("anomalies")).where(stuck).count() == 1
+    version = spark.sql(f"DESCRIBE HISTORY {cfg.table('anomalies')}").agg({"version": "max"}).collect()[0][0]
+
+    reconcile(spark, cfg)
+    assert spark.table(cfg.table("anomalies")).where(stuck).count() == 0
+    state = spark.table(cfg.table("txn_lifecycle")).where(f"uniq_key = '{late['uniq_key']}'").first()
+    assert state is not None and state["state"] == "COMMITTED"
+    past = spark.read.option("versionAsOf", version).table(cfg.table("anomalies"))
+    assert past.where(stuck).count() == 1  # Delta history keeps the past view

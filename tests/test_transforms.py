@@ -1,0 +1,198 @@
+"""The reconcile transforms on tiny hand-written frames (chispa), one edge case at a time."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import DataFrame, SparkSession
+
+from transforms.anomalies import (
+    all_anomalies,
+    discarded,
+    duplicate_commits,
+    offset_commits,
+    offset_regressions,
+    orphaned_commits,
+    stuck_halves,
+)
+from transforms.lifecycle import Rules, commits, discards, lifecycle, resolved_offsets, transactions, with_resolution
+
+pytestmark = pytest.mark.spark
+RULES = Rules()
+
+HALF = ("broker_name string, queue_id int, queue_offset long, commit_log_offset long, store_timestamp long, "
+        "born_timestamp long, uniq_key string, producer_group string, real_topic string, real_queue_id int, "
+        "check_times int, prepared_queue_offset long")  # fmt: skip
+OP = "broker_name string, queue_id int, queue_offset long, store_timestamp long, body string"
+REAL = ("broker_name string, topic string, queue_id int, queue_offset long, store_timestamp long, uniq_key string, "
+        "sys_flag int, transactional boolean, prepared_transaction_offset long, producer_group string")  # fmt: skip
+OFFSET = ("broker_name string, consumer_group string, topic string, queue_id int, offset long, "
+          "commit_timestamp long, client_id string, seq long")  # fmt: skip
+
+
+def half(uniq: str, offset: int, store: int, *, checks: int | None = None, prepared: int | None = None,
+         born: int = 1_000, phys: int | None = None, broker: str = "b") -> tuple[Any, ...]:  # fmt: skip
+    return (broker, 0, offset, phys if phys is not None else offset * 100, store, born, uniq, "pg", "orders", 1,
+            checks, prepared)  # fmt: skip
+
+
+def commit(uniq: str, qo: int, store: int, prepared: int | None, *, topic: str = "orders") -> tuple[Any, ...]:
+    return ("b", topic, 1, qo, store, uniq, 8, True, prepared, "pg")
+
+
+def build(spark: SparkSession, halves: list[Any], ops: list[Any], reals: list[Any], as_of: int) -> DataFrame:
+    h, o, r = (spark.createDataFrame(rows, ddl) for rows, ddl in ((halves, HALF), (ops, OP), (reals, REAL)))
+    return transactions(h.transform(with_resolution(resolved_offsets(o)))).transform(
+        lifecycle(commits(r), discards(r), as_of, RULES)
+    )
+
+
+def states(df: DataFrame) -> dict[str, tuple[Any, ...]]:
+    return {r["uniq_key"]: (r["state"], r["reason"]) for r in df.collect()}
+
+
+def test_op_bodies_both_formats(spark: SparkSession) -> None:
+    ops = spark.createDataFrame(
+        [("b", 0, 0, 100, "17,18,20,"), ("b", 0, 1, 50, "18"), ("c", 0, 0, 70, "17"), ("b", 1, 2, 60, "17,")], OP
+    )
+    expected = spark.createDataFrame(
+        [("b", 0, 17, 100), ("b", 0, 18, 50), ("b", 0, 20, 100), ("c", 0, 17, 70), ("b", 1, 17, 60)],
+        "broker_name string, queue_id int, half_offset long, resolved_ts long",
+    )
+    assert_df_equality(resolved_offsets(ops), expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_resolution_through_own_offset_prepared_offset_and_out_of_order_op(spark: SparkSession) -> None:
+    halves = spark.createDataFrame([
+        half("A", 0, 20), half("A", 5, 30_000, checks=1),  # resolved through a later check copy
+        half("I", 2, 21), half("I", 7, 30_001, checks=1, prepared=2),  # an immunity copy of offset 2
+        half("P", 9, 500),  # its op was stored before it (ingest order does not matter)
+        half("N", 10, 600),  # never resolved
+    ], HALF)  # fmt: skip
+    ops = spark.createDataFrame([("b", 0, 0, 30_010, "5,2,"), ("b", 0, 1, 400, "9")], OP)
+    got = {(r["uniq_key"], r["queue_offset"]): r["resolved_ts"]
+           for r in halves.transform(with_resolution(resolved_offsets(ops))).collect()}  # fmt: skip
+    assert got == {("A", 0): None, ("A", 5): 30_010, ("I", 2): 30_010, ("I", 7): 30_010, ("P", 9): 400, ("N", 10): None}
+
+
+def test_lifecycle_states(spark: SparkSession) -> None:
+    halves = [
+        half("A", 0, 1_000),
+        half("A", 3, 31_000, checks=1, phys=300),  # committed through the copy
+        half("R", 1, 1_001),  # rolled back
+        half("D", 2, 1_002),
+        half("D", 4, 31_000, checks=1),  # discarded with evidence after 1 check: EXPIRED
+        half("E", 5, 1_005, born=1_005 - 73 * 3_600_000),  # no evidence, too old: EXPIRED
+        half("S", 6, 60_000),  # pending
+    ]
+    ops = [("b", 0, 0, 31_050, "3,1,")]
+    reals = [commit("A", 0, 31_040, 300), commit("O", 1, 40_000, None),  # O: a commit with no half
+             ("b", "TRANS_CHECK_MAX_TIME_TOPIC", 0, 0, 61_000, "D", 0, True, None, "pg")]  # fmt: skip
+    life = build(spark, halves, ops, reals, as_of=100_000)
+    assert states(life) == {
+        "A": ("COMMITTED", None), "R": ("ROLLED_BACK", None), "D": ("DISCARDED", "EXPIRED"),
+        "E": ("DISCARDED", "EXPIRED"), "S": ("PENDING", None), "O": ("COMMITTED", None),
+    }  # fmt: skip
+    a = life.where("uniq_key = 'A'").collect()[0]
+    assert (a["copies"], a["check_times"], a["resolved_ts"], a["commit_count"], a["first_commit_ts"]) == (
+        2, 1, 31_050, 1, 31_040)  # fmt: skip
+    o = life.where("uniq_key = 'O'").collect()[0]
+    assert (o["copies"], o["first_copy_ts"], o["real_topic"], o["producer_group"]) == (0, None, "orders", "pg")
+
+
+@pytest.mark.parametrize(
+    ("after_last_copy", "expected"), [(36_000, ("PENDING", None)), (36_001, ("DISCARDED", "MAX_CHECKS"))]
+)
+def test_exactly_check_max_checks_before_and_after_the_discard_window(
+    spark: SparkSession, after_last_copy: int, expected: tuple[str, str | None]
+) -> None:
+    copies = [half("M", 0, 1_000)] + [half("M", k, 1_000 + 30_000 * k, checks=k) for k in range(1, 16)]
+    last = 1_000 + 30_000 * 15
+    life = build(spark, copies, [], [], as_of=last + after_last_copy)
+    assert states(life) == {"M": expected}
+    kinds = [r["anomaly_type"] for r in life.transform(discarded(last + after_last_copy)).collect()]
+    assert kinds == (["DISCARDED_AFTER_MAX_CHECKS"] if expected[0] == "DISCARDED" else [])
+    stuck = life.transform(stuck_halves(last + after_last_copy, RULES)).collect()
+    assert len(stuck) == (1 if expected[0] == "PENDING" else 0)
+
+
+def test_commit_anomalies(spark: SparkSession) -> None:
+    halves = [
+        half("DUP", 0, 1_000),  # two commits for one UNIQ_KEY
+        half("NOOP", 1, 1_000),  # committed, never resolved
+        half("LATE", 2, 1_000, checks=15),  # discarded, then committed
+        half("MIS", 3, 1_000),  # the commit's prepared offset matches no copy
+        half("YOUNG", 4, 1_000),  # committed 10 s before as_of, op not there yet: not NO_OP
+    ]
+    ops = [("b", 0, 0, 2_000, "0,0,3,")]
+    as_of = 100_000
+    reals = [commit("DUP", 0, 1_500, 0), commit("DUP", 1, 1_600, 0), commit("NOOP", 2, 1_700, 100),
+             ("b", "TRANS_CHECK_MAX_TIME_TOPIC", 0, 0, 5_000, "LATE", 0, True, None, "pg"),
+             commit("LATE", 3, 6_000, 200), commit("MIS", 4, 1_800, 999), commit("GHOST", 5, 1_900, 12),
+             commit("YOUNG", 6, as_of - 10_000, 400)]  # fmt: skip
+    life = build(spark, halves, ops, reals, as_of)
+    found = all_anomalies(life, spark.createDataFrame([], OFFSET).transform(offset_commits(as_of)),
+                          spark.createDataFrame([], REAL), as_of, RULES)  # fmt: skip
+    got = {(r["anomaly_type"], r["uniq_key"], r["reason"]): r for r in found.collect()}
+    assert set(got) == {
+        ("DUPLICATE_COMMIT", "DUP", None), ("ORPHANED_COMMIT", "NOOP", "NO_OP"),
+        ("ORPHANED_COMMIT", "LATE", "AFTER_DISCARD"), ("ORPHANED_COMMIT", "LATE", "NO_OP"),
+        ("ORPHANED_COMMIT", "MIS", "OFFSET_MISMATCH"), ("ORPHANED_COMMIT", "GHOST", "NO_HALF"),
+    }  # fmt: skip
+    assert got[("DUPLICATE_COMMIT", "DUP", None)]["event_ts"] == 1_600
+    assert got[("ORPHANED_COMMIT", "LATE", "AFTER_DISCARD")]["event_ts"] == 6_000
+    assert json.loads(got[("ORPHANED_COMMIT", "MIS", "OFFSET_MISMATCH")]["detail"])["prepared_offsets"] == [999]
+    assert len({r["anomaly_id"] for r in got.values()}) == len(got)
+
+
+def test_offset_regressions_order_equal_recommit_and_redelivery(spark: SparkSession) -> None:
+    commits_ = spark.createDataFrame([
+        ("b", "g", "t", 0, 100, 1_000, "c1", 1),
+        ("b", "g", "t", 0, 40, 2_000, "c2", 2),  # 100 -> 40: a regression
+        ("b", "g", "t", 0, 120, 3_000, "c2", 3),
+        ("b", "g", "t", 0, 120, 4_000, "c2", 4),  # equal offset again: not a regression
+        ("b", "g", "t", 0, 10, 5_000, None, 6),  # same millisecond, later by seq: 130 -> 10
+        ("b", "g", "t", 0, 130, 5_000, "c2", 5),
+        ("b", "g", "t", 1, 5, 1_000, "c1", None),  # another queue; null seq and client are fine
+    ], OFFSET)  # fmt: skip
+    silver = commits_.transform(offset_commits(9_000))
+    flags = [(r["offset"], r["prev_offset"], r["is_regression"])
+             for r in silver.where("queue_id = 0").orderBy("commit_timestamp", "seq").collect()]  # fmt: skip
+    assert flags == [(100, None, False), (40, 100, True), (120, 40, False), (120, 120, False), (130, 120, False),
+                     (10, 130, True)]  # fmt: skip
+    reals = spark.createDataFrame([("b", "t", 0, q, 1, None, 0, False, None, None) for q in range(150)], REAL)
+    found = silver.transform(offset_regressions(reals, 9_000)).collect()
+    details = sorted((r["event_ts"], json.loads(r["detail"])) for r in found)
+    assert [(ts, d["from_offset"], d["to_offset"], d["redelivery_estimate"], d["client_before"], d["client_after"],
+             d["seq"]) for ts, d in details] == [
+        (2_000, 100, 40, 60, "c1", "c2", 2), (5_000, 130, 10, 120, "c2", None, 6)]  # fmt: skip
+
+
+def test_results_do_not_depend_on_partitions_or_input_order(spark: SparkSession) -> None:
+    halves = [half(f"T{i}", i, 1_000 + i, checks=(i % 3) or None) for i in range(40)]
+    ops = [("b", 0, i, 2_000 + i, f"{i}," if i % 2 else str(i)) for i in range(0, 40, 3)]
+    reals = [commit(f"T{i}", i, 1_500 + i, i * 100) for i in range(0, 40, 4)]
+    results = []
+    for partitions, order in (("1", 1), ("7", -1)):
+        spark.conf.set("spark.sql.shuffle.partitions", partitions)
+        try:
+            life = build(spark, halves[::order], ops[::order], reals[::order], as_of=200_000).repartition(3)
+            results.append(
+                sorted(tuple(r) for r in life.drop("copy_offsets", "commit_ts", "prepared_offsets").collect())
+            )
+        finally:
+            spark.conf.set("spark.sql.shuffle.partitions", "2")
+    assert results[0] == results[1]
+
+
+def test_duplicate_and_stuck_details(spark: SparkSession) -> None:
+    life = build(spark, [half("S", 0, 1_000)], [], [commit("X", 0, 10, None), commit("X", 1, 20, None)], 70_000)
+    [stuck] = life.transform(stuck_halves(70_000, RULES)).collect()
+    assert json.loads(stuck["detail"]) == {"age_ms": 69_000, "broker_still_checking": False, "copies": 1,
+                                           "check_times": 0, "producer_group": "pg"}  # fmt: skip
+    [dup] = life.transform(duplicate_commits(70_000)).collect()
+    assert (dup["uniq_key"], dup["event_ts"], json.loads(dup["detail"])["commit_count"]) == ("X", 20, 2)
+    assert [r["reason"] for r in life.transform(orphaned_commits(70_000, RULES)).collect()] == ["NO_HALF"]

@@ -1,0 +1,174 @@
+"""The anomaly rules of DESIGN §2, one function per type. Pure DataFrame -> DataFrame.
+
+Every function returns rows in the `anomalies` schema. `anomaly_id` is a SHA-256 of the type and the
+key, (type, broker_name, uniq_key, reason) for transactions and (broker_name, consumer_group, topic,
+queue_id, commit_timestamp, seq) for offset regressions, so reruns update rather than duplicate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from schemas.reconciled import ANOMALIES
+from transforms.lifecycle import DISCARDED, EXPIRED, MAX_CHECKS, PENDING, Rules, age
+
+OFFSET_KEY = ["broker_name", "consumer_group", "topic", "queue_id"]
+
+
+def _json(detail: Column) -> Column:
+    """A detail struct as a JSON object, null fields included (a null says something here)."""
+    return F.to_json(detail, {"ignoreNullFields": "false"})
+
+
+def _rows(df: DataFrame, kind: str | Column, reason: Column, event_ts: Column, detail: Column, as_of: int) -> DataFrame:
+    """Shape transaction findings into anomaly rows."""
+    kind_col = F.lit(kind) if isinstance(kind, str) else kind
+    out = df.select(
+        kind_col.alias("anomaly_type"), reason.alias("reason"), "broker_name", "uniq_key",
+        F.lit(None).cast("string").alias("consumer_group"), F.lit(None).cast("string").alias("topic"),
+        F.lit(None).cast("int").alias("queue_id"), event_ts.alias("event_ts"), F.lit(as_of).alias("as_of"),
+        _json(detail).alias("detail"),
+    )  # fmt: skip
+    key = F.concat_ws("|", "anomaly_type", "broker_name", "uniq_key", F.coalesce("reason", F.lit("")))
+    return out.select(F.sha2(key, 256).alias("anomaly_id"), *ANOMALIES.names[1:])
+
+
+def stuck_halves(as_of: int, rules: Rules) -> Callable[[DataFrame], DataFrame]:
+    """PENDING for at least stuck_after_ms; says whether the broker still checks it."""
+
+    def transform(lifecycle_df: DataFrame) -> DataFrame:
+        still_checking = age(as_of, "last_copy_ts") <= 2 * rules.check_interval_ms + rules.transaction_timeout_ms
+        stuck = lifecycle_df.where((F.col("state") == PENDING) & (age(as_of, "born_ts") >= rules.stuck_after_ms))
+        detail = F.struct(age(as_of, "born_ts").alias("age_ms"), still_checking.alias("broker_still_checking"),
+                          "copies", "check_times", "producer_group")  # fmt: skip
+        return _rows(stuck, "STUCK_HALF", F.lit(None).cast("string"), F.col("born_ts"), detail, as_of)
+
+    return transform
+
+
+def discarded(as_of: int) -> Callable[[DataFrame], DataFrame]:
+    """DISCARDED_AFTER_MAX_CHECKS and DISCARDED_EXPIRED, by the lifecycle's discard reason."""
+
+    def transform(lifecycle_df: DataFrame) -> DataFrame:
+        found = lifecycle_df.where(F.col("state") == DISCARDED)
+        kind = F.when(F.col("reason") == MAX_CHECKS, "DISCARDED_AFTER_MAX_CHECKS").when(
+            F.col("reason") == EXPIRED, "DISCARDED_EXPIRED"
+        )
+        detail = F.struct("check_times", "copies", (F.col("discard_ts").isNotNull()).alias("has_evidence"))
+        return _rows(found, kind, F.col("reason"), F.coalesce("discard_ts", "last_copy_ts"), detail, as_of)
+
+    return transform
+
+
+def orphaned_commits(as_of: int, rules: Rules) -> Callable[[DataFrame], DataFrame]:
+    """Commits with no half (NO_HALF), with halves none of which is resolved op_grace_ms after the first
+    commit (NO_OP), stored after the discard (AFTER_DISCARD), or pointing at no copy (OFFSET_MISMATCH)."""
+
+    def transform(lifecycle_df: DataFrame) -> DataFrame:
+        committed = lifecycle_df.where(F.col("commit_count") > 0)
+        has_half = F.col("copies") > 0
+        after_discard = F.filter("commit_ts", lambda t: t > F.col("discard_ts"))
+        stray = F.array_except("prepared_offsets", "copy_offsets")
+        rules_by_reason: list[tuple[str, Column, Column, Column]] = [
+            ("NO_HALF", ~has_half, F.col("first_commit_ts"), F.struct("commit_count")),
+            ("NO_OP", has_half & F.col("resolved_ts").isNull() & (age(as_of, "first_commit_ts") > rules.op_grace_ms),
+             F.col("first_commit_ts"), F.struct("commit_count", age(as_of, "first_commit_ts").alias("unresolved_ms"))),
+            ("AFTER_DISCARD", F.col("discard_ts").isNotNull() & (F.size(after_discard) > 0),
+             F.element_at(after_discard, 1), F.struct("discard_ts", "commit_count")),
+            ("OFFSET_MISMATCH", has_half & (F.size(stray) > 0), F.col("first_commit_ts"),
+             F.struct(stray.alias("prepared_offsets"), "copy_offsets")),
+        ]  # fmt: skip
+        frames = [
+            _rows(committed.where(cond), "ORPHANED_COMMIT", F.lit(reason), ts, detail, as_of)
+            for reason, cond, ts, detail in rules_by_reason
+        ]
+        out = frames[0]
+        for frame in frames[1:]:
+            out = out.unionByName(frame)
+        return out
+
+    return transform
+
+
+def duplicate_commits(as_of: int) -> Callable[[DataFrame], DataFrame]:
+    """More than one final message for one transaction; the event is the second commit."""
+
+    def transform(lifecycle_df: DataFrame) -> DataFrame:
+        found = lifecycle_df.where(F.col("commit_count") > 1)
+        detail = F.struct("commit_count", "commit_ts")
+        return _rows(found, "DUPLICATE_COMMIT", F.lit(None).cast("string"), F.element_at("commit_ts", 2), detail,
+                     as_of)  # fmt: skip
+
+    return transform
+
+
+def offset_commits(as_of: int) -> Callable[[DataFrame], DataFrame]:
+    """Silver offset commits: each with the queue's previous commit, ordered by (commit_timestamp, seq)."""
+
+    def transform(offset_df: DataFrame) -> DataFrame:
+        order = Window.partitionBy(*OFFSET_KEY).orderBy("commit_timestamp", "seq", "offset", "client_id")
+        return offset_df.select(
+            *OFFSET_KEY, "offset", "commit_timestamp", "client_id", "seq",
+            F.lag("offset").over(order).alias("prev_offset"),
+            F.lag("client_id").over(order).alias("prev_client_id"),
+        ).select(
+            "*", F.coalesce(F.col("offset") < F.col("prev_offset"), F.lit(False)).alias("is_regression"),
+            F.lit(as_of).alias("as_of"),
+        )  # fmt: skip
+
+    return transform
+
+
+def offset_regressions(real_df: DataFrame, as_of: int) -> Callable[[DataFrame], DataFrame]:
+    """OFFSET_REGRESSION per regressing commit, with the redelivery estimate: the real messages of the
+    queue in [to, from), which a consumer starting from `to` receives again."""
+
+    def transform(offset_commits_df: DataFrame) -> DataFrame:
+        regressions = offset_commits_df.where("is_regression")
+        queue = real_df.select("broker_name", "topic", "queue_id", F.col("queue_offset").alias("_qo"))
+        redelivered = (
+            regressions.join(queue, on=["broker_name", "topic", "queue_id"], how="left")
+            .groupBy(*OFFSET_KEY, "commit_timestamp", "seq", "offset", "prev_offset", "client_id", "prev_client_id")
+            .agg(
+                F.count(F.when((F.col("_qo") >= F.col("offset")) & (F.col("_qo") < F.col("prev_offset")), 1)).alias(
+                    "redelivery_estimate"
+                )
+            )
+        )
+        detail = F.struct(
+            F.col("prev_offset").alias("from_offset"), F.col("offset").alias("to_offset"),
+            (F.col("prev_offset") - F.col("offset")).alias("rewind"),
+            F.col("prev_client_id").alias("client_before"), F.col("client_id").alias("client_after"),
+            F.col("prev_client_id").eqNullSafe(F.col("client_id")).alias("same_client"),
+            "redelivery_estimate", "seq",
+        )  # fmt: skip
+        key = F.concat_ws(
+            "|", F.lit("OFFSET_REGRESSION"), *OFFSET_KEY, "commit_timestamp", F.coalesce("seq", F.lit(""))
+        )
+        return redelivered.select(
+            F.sha2(key, 256).alias("anomaly_id"), F.lit("OFFSET_REGRESSION").alias("anomaly_type"),
+            F.lit(None).cast("string").alias("reason"), "broker_name", F.lit(None).cast("string").alias("uniq_key"),
+            "consumer_group", "topic", "queue_id", F.col("commit_timestamp").alias("event_ts"),
+            F.lit(as_of).alias("as_of"), _json(detail).alias("detail"),
+        )  # fmt: skip
+
+    return transform
+
+
+def all_anomalies(lifecycle_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int,
+                  rules: Rules) -> DataFrame:  # fmt: skip
+    """Every finding of DESIGN §2 in one DataFrame."""
+    parts = [
+        lifecycle_df.transform(stuck_halves(as_of, rules)),
+        lifecycle_df.transform(discarded(as_of)),
+        lifecycle_df.transform(orphaned_commits(as_of, rules)),
+        lifecycle_df.transform(duplicate_commits(as_of)),
+        offset_commits_df.transform(offset_regressions(real_df, as_of)),
+    ]
+    out = parts[0]
+    for part in parts[1:]:
+        out = out.unionByName(part)
+    return out
