@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup jars lint test run bench-sim bench-ingest clean
+.PHONY: setup jars lint test run bench-sim bench-ingest bench-reconcile clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,11 +27,10 @@ lint: setup
 test: lint
 	$(BIN)/pytest
 
-# The main job. Until ingest and reconcile land, it runs what exists: the broker model's default
-# profile into landing/demo (recreated on every run).
+# The main job: simulate the default profile (100,000 transactions) into landing/demo, ingest,
+# reconcile, and score the anomalies against the model's ground truth.
 run: setup
-	rm -rf landing/demo
-	$(BIN)/txn-recon simulate --out landing/demo --transactions 100000 --profile default
+	$(BIN)/txn-recon demo --out landing/demo --transactions 100000 --profile default
 
 # Simulation throughput and memory: one million transactions of the default profile, one core.
 bench-sim: setup
@@ -42,6 +41,10 @@ bench-sim: setup
 # Ingest throughput from JSON Lines and from Parquet, about a million events each.
 bench-ingest: setup
 	$(BIN)/python -m tests.bench.bench_ingest
+
+# Reconcile time and peak driver memory (BENCH_TRANSACTIONS="1000000 5000000" for both sizes).
+bench-reconcile: setup
+	$(BIN)/python -m tests.bench.bench_reconcile
 
 clean:
 	rm -rf warehouse landing .pytest_cache .mypy_cache .ruff_cache

@@ -240,7 +240,8 @@ def write_records(
         if counts.get(QUARANTINED):
             bad = classified.where(F.col("_fate") == QUARANTINED).select(
                 F.lit(stream).alias("stream"), F.col("_source_file").alias("source_file"),
-                F.col("_raw").alias("raw"), F.col("_reason").alias("reason"),
+                F.coalesce("_raw", F.to_json(F.struct(*LANDING[stream].names))).alias("raw"),
+                F.col("_reason").alias("reason"),
             )  # fmt: skip
             write_quarantine(spark, config, bad, run_id, ingested_at)
     finally:

@@ -49,7 +49,12 @@ def spark_settings(config: Config) -> dict[str, str]:
 
 
 def build_session(config: Config) -> SparkSession:
-    """Create (or, under spark-submit, join) the session and make sure the database exists."""
+    """Create (or, under spark-submit or a second job in one process, join) the session and make sure
+    the database exists."""
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.sql(f"CREATE DATABASE IF NOT EXISTS {config.database}")
+        return active
     builder = SparkSession.builder
     for key, value in spark_settings(config).items():
         builder = builder.config(key, value)

@@ -69,3 +69,16 @@ def test_not_null_column_rejects_a_null(spark: SparkSession, config: Config) -> 
     with pytest.raises(Exception, match=r"DELTA_NOT_NULL_CONSTRAINT_VIOLATED|NOT NULL"):
         bad.write.format("delta").mode("append").saveAsTable(name)
     assert spark.table(name).count() == 0
+
+
+def test_unknown_table_is_one_line_and_exit_2(
+    spark: SparkSession, config: Config, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from jobs.cli import main
+
+    code = main(["sql", "--warehouse", config.warehouse, "SELECT * FROM txn_recon.nope"])
+    err = capsys.readouterr().err
+    assert code == 2
+    errors = [ln for ln in err.splitlines() if "error" in ln.lower()]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert errors[0].startswith("txn-recon sql: error: [TABLE_OR_VIEW_NOT_FOUND]")

@@ -132,6 +132,18 @@ def test_parquet_and_jsonl_land_the_same_rows(spark: SparkSession, config: Confi
     for stream in LANDING:
         assert rows(spark, from_parquet, stream) == rows(spark, from_json, stream)
 
+    # A Parquet record conflicting with a stored one reaches quarantine with its content as raw text.
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "p/real/part-00000.parquet").slice(0, 1)
+    changed = table.set_column(table.schema.get_field_index("body_size"), "body_size",
+                               [[table.column("body_size")[0].as_py() + 1]])  # fmt: skip
+    pq.write_table(changed.cast(table.schema), tmp_path / "p/real/changed.parquet")
+    assert ingest(spark, from_parquet, tmp_path / "p", "run-p2")["real"].quarantined == 1
+    [q] = spark.table(from_parquet.table("quarantine")).collect()
+    assert json.loads(q["raw"])["body_size"] == table.column("body_size")[0].as_py() + 1
+    assert q["reason"] == "conflicts with the stored record of the same natural key"
+
 
 GOOD_HALF = {
     "broker_name": "b", "queue_id": 0, "queue_offset": 1, "commit_log_offset": 100, "store_timestamp": 1000,

@@ -82,18 +82,6 @@ def test_spark_sql_shell_sees_the_table(warehouse: Path) -> None:
     assert done.stdout.strip().splitlines()[-1].strip() == "3"
 
 
-def test_unknown_table_is_one_line_and_exit_2(warehouse: Path) -> None:
-    done = _run([str(BIN / "txn-recon"), "sql", "--warehouse", str(warehouse), "SELECT * FROM txn_recon.nope"])
-    assert done.returncode == 2
-    # The JVM may print its own start-up warning first; of ours there is one line and no traceback.
-    lines = done.stderr.splitlines()
-    errors = [ln for ln in lines if "error" in ln.lower()]
-    assert len(errors) == 1, done.stderr
-    assert errors[0].startswith("txn-recon sql: error: [TABLE_OR_VIEW_NOT_FOUND]")
-    assert lines[-1] == errors[0]
-    assert "Traceback" not in done.stderr
-
-
 def test_job_module_runs_under_spark_submit(warehouse: Path) -> None:
     conf = _run([str(BIN / "txn-recon"), "spark-conf", "--warehouse", str(warehouse)])
     assert conf.returncode == 0, conf.stderr

@@ -59,9 +59,9 @@ def check_typed_rows(schema: Schema) -> Transform:
     """Rows already typed (Parquet, read with the schema) -> the same columns plus `_raw`, `_problems`."""
 
     def transform(df: DataFrame) -> DataFrame:
-        raw = F.to_json(F.struct(*schema.names))
         given = {f.name: F.col(f.name).isNotNull() for f in schema.fields}
         problems = _value_problems(schema, given)
+        raw = F.when(F.size(problems) > 0, F.to_json(F.struct(*schema.names)))  # only a quarantined row needs it
         return df.select(*schema.names, "_source_file", raw.alias("_raw"), problems.alias("_problems"))
 
     return transform
