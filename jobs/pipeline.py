@@ -12,6 +12,7 @@ from pathlib import Path
 
 from jobs import ingest, reconcile, score, simulate
 from jobs.config import Config
+from jobs.errors import TxnReconError
 from jobs.lock import warehouse_lock
 from jobs.session import build_session
 
@@ -48,8 +49,11 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 def demo(args: argparse.Namespace, config: Config) -> int:
     """Simulate, run the pipeline on the result, and score it against the model's truth."""
-    if args.out.exists():
-        shutil.rmtree(args.out)
+    out: Path = args.out
+    if out.exists():  # replace only what a previous simulation wrote, never an arbitrary folder
+        if not (out / "_truth" / "meta.json").is_file() and any(out.iterdir()):
+            raise TxnReconError(f"--out {out} exists and is not a previous simulation; choose another folder")
+        shutil.rmtree(out)
     log.info("demo: simulate")
     sim = argparse.Namespace(out=args.out, transactions=args.transactions, seed=args.seed, profile=args.profile,
                              format="jsonl", rate=None, records_per_file=250_000, benchmark=False)  # fmt: skip

@@ -7,17 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
+from jobs.cli import main
 from jobs.config import Config
 from jobs.reconcile import reconcile
 from jobs.score import found_keys, score, truth_key
-from schemas import LANDING
-from schemas.spark import to_struct
 from tests.broker.harness import run_model
 from tests.test_ingest import fresh_db, ingest, make_landing
-from transforms.anomalies import all_anomalies, offset_commits
-from transforms.lifecycle import Rules, commits, discards, lifecycle, resolved_offsets, transactions, with_resolution
 
 pytestmark = pytest.mark.spark
 AS_OF = 2_000_000_000_000
@@ -31,10 +28,12 @@ def _shifted(rec: dict[str, Any], prefix: str, shift: int) -> dict[str, Any]:
     return out
 
 
-def test_precision_and_recall_are_one_for_every_profile_and_seed(spark: SparkSession) -> None:
-    """Nine model runs in one pipeline: each run's times shifted to a common as_of (the rules only
-    look at differences from it) and its brokers renamed, so the runs stay disjoint."""
-    records: dict[str, list[dict[str, Any]]] = {s: [] for s in LANDING}
+def test_precision_and_recall_are_one_for_every_profile_and_seed(
+    spark: SparkSession, config: Config, tmp_path: Path
+) -> None:
+    """Nine model runs through ingest and reconcile at once: each run's times are shifted to a common
+    as_of (the rules only look at differences from it) and its brokers renamed, so runs stay disjoint."""
+    landing = tmp_path / "landing"
     expected: dict[str, set[Any]] = {}
     clean_prefixes = set()
     for profile, seed, rate in RUNS:
@@ -43,15 +42,20 @@ def test_precision_and_recall_are_one_for_every_profile_and_seed(spark: SparkSes
         if profile == "clean":
             clean_prefixes.add(prefix)
         for stream, recs in run.records.items():
-            records[stream] += [_shifted(r, prefix, shift) for r in recs]
+            (landing / stream).mkdir(parents=True, exist_ok=True)
+            lines = [json.dumps(_shifted(r, prefix, shift)) for r in recs]
+            (landing / stream / f"{prefix}.jsonl").write_text("".join(line + "\n" for line in lines))
         for a in run.truth_anomalies:
             a = dict(a, broker_name=f"{prefix}/{a['broker_name']}")
             if "commit_timestamp" in a:
                 a["commit_timestamp"] += shift
             expected.setdefault(a["anomaly_type"], set()).add(truth_key(a))
-    frames = {s: spark.createDataFrame([tuple(r.get(n) for n in LANDING[s].names) for r in recs], to_struct(LANDING[s]))
-              for s, recs in records.items()}  # fmt: skip
-    found = _anomalies(frames, AS_OF, Rules())
+    cfg = fresh_db(spark, config, "t_reconcile_profiles")
+    tallies = ingest(spark, cfg, landing, "profiles")
+    assert all(t.quarantined == 0 for t in tallies.values())
+    reconcile(spark, cfg)
+    found = [r.asDict() for r in spark.table(cfg.table("anomalies")).collect()]
+    assert {r["as_of"] for r in found} == {AS_OF}
     scores = score(expected, found_keys(found))
     assert {k for k in scores} >= {"STUCK_HALF", "DISCARDED_AFTER_MAX_CHECKS", "DISCARDED_EXPIRED", "ORPHANED_COMMIT",
                                    "DUPLICATE_COMMIT", "OFFSET_REGRESSION"}  # fmt: skip
@@ -60,19 +64,12 @@ def test_precision_and_recall_are_one_for_every_profile_and_seed(spark: SparkSes
     assert not [r for r in found if r["broker_name"].split("/")[0] in clean_prefixes]
 
 
-def _anomalies(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> list[dict[str, Any]]:
-    copies = frames["half"].transform(with_resolution(resolved_offsets(frames["op"])))
-    life = transactions(copies).transform(lifecycle(commits(frames["real"]), discards(frames["real"]), as_of, rules))
-    found = all_anomalies(life, frames["offset"].transform(offset_commits(as_of)), frames["real"], as_of, rules)
-    return [r.asDict() for r in found.collect()]
-
-
 def _table(spark: SparkSession, cfg: Config, name: str) -> list[tuple[Any, ...]]:
     return sorted(tuple(r) for r in spark.table(cfg.table(name)).collect())
 
 
 def test_reconcile_job_scores_perfectly_and_a_rerun_changes_nothing(
-    spark: SparkSession, config: Config, tmp_path: Path
+    spark: SparkSession, config: Config, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cfg = fresh_db(spark, config, "t_reconcile")
     landing = tmp_path / "landing"
@@ -92,6 +89,19 @@ def test_reconcile_job_scores_perfectly_and_a_rerun_changes_nothing(
         r["state"]: r["count"] for r in spark.table(cfg.table("txn_lifecycle")).groupBy("state").count().collect()
     }
     assert states == meta["states"]
+
+    # The score command: perfect here, and a truth with one more finding is a false negative, exit 1.
+    conf = tmp_path / "db.yaml"
+    conf.write_text("database: t_reconcile\n")
+    cli = ["score", "--truth", str(landing), "--conf", str(conf), "--warehouse", cfg.warehouse]
+    assert main(cli) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "score: all types perfect"
+    extra = {"anomaly_type": "STUCK_HALF", "reason": None, "broker_name": "broker-z", "uniq_key": "NOPE"}
+    with (landing / "_truth/anomalies.jsonl").open("a") as f:
+        f.write(json.dumps(extra) + "\n")
+    assert main(cli) == 1
+    out = capsys.readouterr().out
+    assert "STUCK_HALF false negative: ('broker-z', 'NOPE', None)" in out and out.endswith("score: MISMATCH\n")
 
     before = {t: _table(spark, cfg, t) for t in ("anomalies", "txn_lifecycle", "offset_commits")}
     reconcile(spark, cfg)

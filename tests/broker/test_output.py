@@ -131,3 +131,12 @@ def test_unwritable_or_nonempty_out(tmp_path: Path, capsys: pytest.CaptureFixtur
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
     assert (tmp_path / "full" / "x").read_text() == "keep me"
+
+
+def test_demo_never_deletes_a_folder_it_did_not_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keep = tmp_path / "important"
+    keep.mkdir()
+    (keep / "data.txt").write_text("precious")
+    assert main(["demo", "--out", str(keep), "--transactions", "1"]) == 2
+    assert "is not a previous simulation" in capsys.readouterr().err
+    assert (keep / "data.txt").read_text() == "precious"
