@@ -18,7 +18,6 @@ def create_table(
     schema: Schema,
     name: str | None = None,
     properties: Mapping[str, str] | None = None,
-    partitioned_by: tuple[str, ...] = (),
     cluster_by: tuple[str, ...] = (),
 ) -> str:
     """Create the Delta table for `schema` if it does not exist; return its catalog name."""
@@ -26,8 +25,6 @@ def create_table(
     builder = DeltaTable.createIfNotExists(spark).tableName(table).addColumns(to_struct(schema))
     for key, value in (properties or {}).items():
         builder = builder.property(key, value)
-    if partitioned_by:
-        builder = builder.partitionedBy(*partitioned_by)
     if cluster_by:  # liquid clustering: OPTIMIZE lays the files out by these columns
         builder = builder.clusterBy(*cluster_by)
     builder.execute()

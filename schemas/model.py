@@ -49,7 +49,3 @@ class Schema:
             if f.name == name:
                 return f
         raise KeyError(f"schema {self.name!r} has no field {name!r}")
-
-    def extend(self, name: str, *fields: Field) -> Schema:
-        """A new schema with extra fields appended (e.g. bronze bookkeeping columns)."""
-        return Schema(name, self.fields + fields, self.key)

@@ -17,12 +17,3 @@ _SPARK_TYPES: dict[str, T.DataType] = {
 
 def to_struct(schema: Schema) -> T.StructType:
     return T.StructType([T.StructField(f.name, _SPARK_TYPES[f.type], f.nullable) for f in schema.fields])
-
-
-def to_ddl(schema: Schema) -> str:
-    """Column list for CREATE TABLE, with NOT NULL where the schema requires a value."""
-    cols = []
-    for f in schema.fields:
-        col = f"`{f.name}` {_SPARK_TYPES[f.type].simpleString().upper()}"
-        cols.append(col if f.nullable else col + " NOT NULL")
-    return ", ".join(cols)

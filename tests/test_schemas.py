@@ -11,7 +11,7 @@ from pyspark.sql import types as T
 from schemas import HALF, LANDING, OFFSET, REAL
 from schemas.arrow import to_arrow
 from schemas.model import Field, Schema
-from schemas.spark import to_ddl, to_struct
+from schemas.spark import to_struct
 
 
 def test_landing_streams_and_keys() -> None:
@@ -28,13 +28,6 @@ def test_spark_struct_matches_definition() -> None:
     assert struct["queue_id"].dataType == T.IntegerType()
     assert struct["offset"].dataType == T.LongType() and not struct["offset"].nullable
     assert struct["client_id"].nullable
-
-
-def test_ddl_marks_required_columns() -> None:
-    ddl = to_ddl(OFFSET)
-    assert "`offset` BIGINT NOT NULL" in ddl
-    assert "`client_id` STRING," in ddl
-    assert ddl.count("NOT NULL") == len(OFFSET.required)
 
 
 def test_arrow_schema_matches_definition() -> None:
