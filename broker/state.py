@@ -24,7 +24,6 @@ class Txn:
         "inflight",
         "keys",
         "last_copy_ts",
-        "last_event_ts",
         "max_check_times",
         "max_copy_offset",
         "op_offsets",
@@ -59,7 +58,6 @@ class Txn:
         self.commit_ts: list[int] = []
         self.discard_ts: int | None = None
         self.inflight = 0  # scheduled events and unflushed op entries that still concern it
-        self.last_event_ts = born_ts
 
 
 class HalfEntry:
@@ -120,7 +118,7 @@ class Producer:
 
 
 class Consumer:
-    __slots__ = ("alive", "assigned", "client_id", "group", "memory", "persisted", "pins")
+    __slots__ = ("alive", "assigned", "client_id", "group", "memory", "pins")
 
     def __init__(self, group: str, client_id: str) -> None:
         self.group = group
@@ -128,5 +126,4 @@ class Consumer:
         self.alive = True
         self.assigned: set[tuple[str, str, int]] = set()  # (topic, broker_name, queue_id)
         self.memory: dict[tuple[str, str, int], int] = {}  # increase-only memory offsets (§3.2)
-        self.persisted: dict[tuple[str, str, int], int] = {}
         self.pins: dict[tuple[str, str, int], tuple[int, int]] = {}  # a slow in-flight message: offset, done at

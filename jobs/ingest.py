@@ -31,6 +31,7 @@ from jobs.session import build_session
 from schemas import LANDING
 from schemas.bronze import BRONZE, CLUSTER_BY, INGEST_FILES, INGEST_RUNS, QUARANTINE
 from schemas.spark import to_struct
+from transforms.frames import union_all
 from transforms.landing import (
     DUPLICATE,
     INSERT,
@@ -217,10 +218,7 @@ def read_files(spark: SparkSession, stream: str, files: list[LandingFile]) -> Da
     if parquet_paths:
         typed = spark.read.schema(to_struct(schema)).parquet(*parquet_paths).select("*", _source_file())
         frames.append(typed.transform(check_typed_rows(schema)))
-    df = frames[0]
-    for other in frames[1:]:
-        df = df.unionByName(other)
-    return df.transform(with_record_hash(schema))
+    return union_all(frames).transform(with_record_hash(schema))
 
 
 def write_records(

@@ -27,6 +27,7 @@ from jobs.session import build_session
 from schemas.bronze import BRONZE
 from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, TXN_LIFECYCLE
 from transforms.anomalies import all_anomalies, offset_commits
+from transforms.frames import union_all
 from transforms.lifecycle import (
     Rules,
     commits,
@@ -100,10 +101,7 @@ def latest_event(bronze: dict[str, DataFrame]) -> int | None:
     """The default as_of: the largest store_timestamp / commit_timestamp in bronze."""
     parts = [bronze[s].agg(F.max("store_timestamp").alias("t")) for s in ("half", "op", "real")]
     parts.append(bronze["offset"].agg(F.max("commit_timestamp").alias("t")))
-    union = parts[0]
-    for p in parts[1:]:
-        union = union.unionByName(p)
-    value = union.agg(F.max("t")).collect()[0][0]
+    value = union_all(parts).agg(F.max("t")).collect()[0][0]
     return int(value) if value is not None else None
 
 

@@ -13,6 +13,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from schemas.reconciled import ANOMALIES
+from transforms.frames import union_all
 from transforms.lifecycle import DISCARDED, EXPIRED, MAX_CHECKS, PENDING, Rules, age
 
 OFFSET_KEY = ["broker_name", "consumer_group", "topic", "queue_id"]
@@ -81,14 +82,10 @@ def orphaned_commits(as_of: int, rules: Rules) -> Callable[[DataFrame], DataFram
             ("OFFSET_MISMATCH", has_half & (F.size(stray) > 0), F.col("first_commit_ts"),
              F.struct(stray.alias("prepared_offsets"), "copy_offsets")),
         ]  # fmt: skip
-        frames = [
+        return union_all([
             _rows(committed.where(cond), "ORPHANED_COMMIT", F.lit(reason), ts, detail, as_of)
             for reason, cond, ts, detail in rules_by_reason
-        ]
-        out = frames[0]
-        for frame in frames[1:]:
-            out = out.unionByName(frame)
-        return out
+        ])  # fmt: skip
 
     return transform
 
@@ -161,14 +158,10 @@ def offset_regressions(real_df: DataFrame, as_of: int) -> Callable[[DataFrame], 
 def all_anomalies(lifecycle_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int,
                   rules: Rules) -> DataFrame:  # fmt: skip
     """Every finding of DESIGN §2 in one DataFrame."""
-    parts = [
+    return union_all([
         lifecycle_df.transform(stuck_halves(as_of, rules)),
         lifecycle_df.transform(discarded(as_of)),
         lifecycle_df.transform(orphaned_commits(as_of, rules)),
         lifecycle_df.transform(duplicate_commits(as_of)),
         offset_commits_df.transform(offset_regressions(real_df, as_of)),
-    ]
-    out = parts[0]
-    for part in parts[1:]:
-        out = out.unionByName(part)
-    return out
+    ])  # fmt: skip
