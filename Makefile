@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup jars lint test run bench-sim bench-ingest bench-reconcile clean
+.PHONY: setup jars browser lint test run bench-sim bench-ingest bench-reconcile clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,11 +24,18 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# The dashboard test drives Debian's Chromium through ChromeDriver; install both once (as root or via sudo).
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  $(SUDO) apt-get install -y -q chromium chromium-driver || \
+	  { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium chromium-driver; }; }
+
+test: lint browser
 	$(BIN)/pytest
 
 # The main job: simulate the default profile (100,000 transactions) into landing/demo, ingest,
-# reconcile, and score the anomalies against the model's ground truth.
+# reconcile, check data quality, write the dashboard, and score the anomalies against the model's truth.
 run: setup
 	$(BIN)/txn-recon demo --out landing/demo --transactions 100000 --profile default
 

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from jobs import ingest, pipeline, reconcile, score, simulate, spark_conf, sql
+from jobs import ingest, pipeline, quality, reconcile, report, score, simulate, spark_conf, sql
 from jobs.config import ENVIRONMENTS, load_config
 from jobs.errors import TxnReconError
 
@@ -24,8 +24,14 @@ JOBS: dict[str, Job] = {
     "simulate": (simulate.add_arguments, simulate.run, "run the broker model: landing folders and truth (no Spark)"),
     "ingest": (ingest.add_arguments, ingest.run, "land new landing files in the bronze Delta tables"),
     "reconcile": (reconcile.add_arguments, reconcile.run, "transaction lifecycles and anomalies as of a data time"),
+    "quality": (quality.add_arguments, quality.run, "Great Expectations suites on the tables; dq_results, Data Docs"),
+    "report": (report.add_arguments, report.run, "the dashboard: one self-contained HTML page from the tables"),
     "score": (score.add_arguments, score.run, "precision and recall of the anomalies against the model's truth"),
-    "run": (pipeline.add_run_arguments, pipeline.run_pipeline, "the pipeline on a landing folder: ingest, reconcile"),
+    "run": (
+        pipeline.add_run_arguments,
+        pipeline.run_pipeline,
+        "the pipeline on a landing folder: ingest, reconcile, quality, report",
+    ),
     "demo": (pipeline.add_demo_arguments, pipeline.demo, "simulate the default profile, run the pipeline, score"),
     "sql": (sql.add_arguments, sql.run, "run one Spark SQL statement against the warehouse catalog"),
     "spark-conf": (spark_conf.add_arguments, spark_conf.run, "write spark-defaults.conf for spark-sql / spark-submit"),

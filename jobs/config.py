@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from jobs.errors import ConfigError
+from schemas.quality import suite_names
 
 CONF_DIR = Path(os.environ.get("TXN_RECON_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
 ENVIRONMENTS = ("local", "cluster")
@@ -65,6 +66,17 @@ class IngestSettings:
 
 
 @dataclass(frozen=True)
+class QualitySettings:
+    blocking: tuple[str, ...]  # suites whose failures make `txn-recon quality` exit non-zero
+
+    def __post_init__(self) -> None:
+        known = suite_names()
+        unknown = [name for name in self.blocking if name not in known]
+        if unknown:
+            raise ConfigError(f"quality.blocking: unknown suite {unknown[0]!r}; expected some of {', '.join(known)}")
+
+
+@dataclass(frozen=True)
 class Config:
     warehouse: str  # a local folder (made absolute) or a URI such as s3a://bucket/path
     database: str
@@ -72,6 +84,7 @@ class Config:
     broker: BrokerSettings
     thresholds: Thresholds
     ingest: IngestSettings
+    quality: QualitySettings
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.database):

@@ -88,8 +88,8 @@ def validate_landing(landing: Path) -> None:
         raise TxnReconError(f"--landing {landing} has none of the stream folders {', '.join(LANDING)}")
 
 
-def new_run_id(now: dt.datetime) -> str:
-    return f"ingest-{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+def new_run_id(now: dt.datetime, job: str = "ingest") -> str:
+    return f"{job}-{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
 def run(args: argparse.Namespace, config: Config) -> int:

@@ -1,5 +1,5 @@
-"""`txn-recon run --landing DIR` (ingest, then reconcile) and `txn-recon demo` (simulate, run, score):
-the main job. Later stages (quality, report) join `run` as they land."""
+"""`txn-recon run --landing DIR` (ingest, reconcile, quality, report) and `txn-recon demo` (simulate,
+run, score): the main job. It ends by printing where the dashboard and the Data Docs are."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from jobs import ingest, reconcile, score, simulate
+from jobs import ingest, quality, reconcile, report, score, simulate
 from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.lock import warehouse_lock
@@ -31,13 +31,20 @@ def run_pipeline(args: argparse.Namespace, config: Config) -> int:
     run_id = ingest.new_run_id(now)
     with warehouse_lock(config, "run"):
         spark = build_session(config)
-        log.info("[1/2] ingest")
+        log.info("[1/4] ingest")
         tallies = ingest.ingest_landing(spark, config, landing, run_id, now.replace(tzinfo=None))
         print(ingest.summary(run_id, tallies))
-        log.info("[2/2] reconcile")
+        log.info("[2/4] reconcile")
         counts = reconcile.reconcile(spark, config, args.as_of)
         print(reconcile.summary(counts))
-    return 0
+        log.info("[3/4] quality")
+        checked = quality.check_quality(spark, config, ingest.new_run_id(now, "quality"), now.replace(tzinfo=None))
+        print(quality.summary(checked))
+        log.info("[4/4] report")
+        dashboard = report.write_report(spark, config)
+    print(f"dashboard: {dashboard}")
+    print(f"Data Docs: {checked.docs}")
+    return quality.EXIT_BLOCKING if checked.blocking_failures else 0
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,9 +65,10 @@ def demo(args: argparse.Namespace, config: Config) -> int:
     sim = argparse.Namespace(out=args.out, transactions=args.transactions, seed=args.seed, profile=args.profile,
                              format="jsonl", rate=None, records_per_file=250_000, benchmark=False)  # fmt: skip
     simulate.run(sim, config)
-    run_pipeline(argparse.Namespace(landing=args.out, as_of=None), config)
+    ran = run_pipeline(argparse.Namespace(landing=args.out, as_of=None), config)
     log.info("demo: score against %s", args.out / "_truth")
-    return score.run(argparse.Namespace(truth=args.out), config)
+    scored = score.run(argparse.Namespace(truth=args.out), config)
+    return ran or scored
 
 
 if __name__ == "__main__":

@@ -86,14 +86,20 @@ def transactions(copies_df: DataFrame) -> DataFrame:
     )
 
 
+def is_commit() -> Column:
+    """A real record that is a transaction's final message (see the module docstring)."""
+    return (
+        F.col("uniq_key").isNotNull()
+        & (F.col("topic") != DISCARD_TOPIC)
+        & (((F.col("sys_flag").bitwiseAND(0xC)) == 8) | F.coalesce(F.col("transactional"), F.lit(False)))
+    )
+
+
 def commits(real_df: DataFrame) -> DataFrame:
     """One row per transaction with a final message: count, times, first commit's position."""
-    is_commit = (F.col("topic") != DISCARD_TOPIC) & (
-        ((F.col("sys_flag").bitwiseAND(0xC)) == 8) | F.coalesce(F.col("transactional"), F.lit(False))
-    )
     first = F.min(F.struct("store_timestamp", "topic", "queue_id", "queue_offset"))
     return (
-        real_df.where(F.col("uniq_key").isNotNull() & is_commit)
+        real_df.where(is_commit())
         .groupBy(*ID)
         .agg(
             F.count(F.lit(1)).cast("int").alias("commit_count"),

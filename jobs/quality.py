@@ -1,0 +1,323 @@
+"""`txn-recon quality [--full]`: run the expectation suites of `schemas.quality` with Great Expectations,
+append one `dq_results` row per expectation result, and build the Data Docs site under the warehouse.
+
+Only what changed is validated: a table whose Delta version was validated before is skipped; a bronze
+table validates the rows its Change Data Feed added since then (plus older rows sharing their keys);
+silver and gold are replaced by every reconcile, so a new version is validated whole. The cross-table
+views are recomputed when any table changed. `--full` validates everything.
+
+Exit code 3 when an expectation of a suite listed in `quality.blocking` fails; other failures are
+reported only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.utils import AnalysisException
+
+from jobs.catalog import create_table
+from jobs.config import Config
+from jobs.errors import TxnReconError
+from jobs.ingest import new_run_id
+from jobs.lock import warehouse_lock
+from jobs.session import build_session
+from schemas.bronze import BRONZE
+from schemas.quality import DQ_RESULTS, Expectation, Suite, suites
+from schemas.reconciled import OFFSET_COMMITS, TXN_LIFECYCLE
+from schemas.spark import to_struct
+from transforms.quality import commit_references, lifecycle_totals, op_references, rows_sharing_keys
+
+# GE sends usage statistics unless told not to; this machine's network is closed to them.
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+import great_expectations as gx
+from great_expectations.data_context import FileDataContext
+from great_expectations.data_context.types.base import ProgressBarsConfig
+from great_expectations.datasource.fluent import SparkDatasource
+from great_expectations.expectations.expectation import (
+    ColumnMapExpectation,
+    ColumnPairMapExpectation,
+    MulticolumnMapExpectation,
+)
+from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+
+log = logging.getLogger(__name__)
+
+EXIT_BLOCKING = 3
+SAMPLE = 20  # unexpected values kept per result
+CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
+ROW_EXPECTATIONS = (ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation)
+
+
+@dataclass(frozen=True)
+class Batch:
+    suite: Suite
+    df: DataFrame
+    version: int | None  # the Delta version validated; None for a cross view
+    scope: str  # full or incremental
+
+
+@dataclass
+class Outcome:
+    run_id: str
+    docs: Path  # the Data Docs index page
+    results: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        return [r for r in self.results if not r["success"]]
+
+    @property
+    def blocking_failures(self) -> list[dict[str, Any]]:
+        return [r for r in self.failures if r["blocking"]]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--full", action="store_true", help="validate every table whole, not only what changed")
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    now = dt.datetime.now(dt.UTC)
+    with warehouse_lock(config, "quality"):
+        spark = build_session(config)
+        outcome = check_quality(spark, config, new_run_id(now, "quality"), now.replace(tzinfo=None), args.full)
+    print(summary(outcome))
+    print(f"Data Docs: {outcome.docs}")
+    return EXIT_BLOCKING if outcome.blocking_failures else 0
+
+
+def quality_dir(config: Config) -> Path:
+    """The Great Expectations project (suites, results, Data Docs) beside the tables it validates."""
+    return Path(config.warehouse) / "_quality"
+
+
+def docs_index(config: Config) -> Path:
+    return quality_dir(config) / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
+
+
+def check_quality(
+    spark: SparkSession, config: Config, run_id: str, validated_at: dt.datetime, full: bool = False
+) -> Outcome:
+    """Validate what changed since the last run (everything when `full`), record and return the results."""
+    started = time.perf_counter()
+    if not config.is_local_warehouse:
+        raise TxnReconError("quality needs a local warehouse folder for its Great Expectations project")
+    results_table = create_table(spark, config, DQ_RESULTS)
+    outcome = Outcome(run_id, docs_index(config))
+    validated = {} if full else last_versions(spark, results_table)
+    all_suites = suites(config.broker.check_max)
+    batches = []
+    for suite in (s for s in all_suites if s.layer != "cross"):
+        name = config.table(suite.name)
+        if not spark.catalog.tableExists(name):
+            outcome.skipped.append((suite.name, "no table yet"))
+            continue
+        version = current_version(spark, name)
+        previous = validated.get(suite.name)
+        if previous == version:
+            outcome.skipped.append((suite.name, f"unchanged since version {version}"))
+            continue
+        batches.append(_table_batch(spark, name, suite, previous, version))
+    cross = [s for s in all_suites if s.layer == "cross"]
+    if batches:
+        batches += _cross_batches(spark, config, cross, outcome)
+    else:
+        outcome.skipped += [(s.name, "no table changed") for s in cross]
+    context = _context(config)
+    for batch in batches:
+        outcome.results += _validate(context, batch, run_id, validated_at, config.quality.blocking)
+    if outcome.results:
+        _append(spark, results_table, outcome.results)
+    context.build_data_docs()
+    outcome.seconds = time.perf_counter() - started
+    return outcome
+
+
+def last_versions(spark: SparkSession, results_table: str) -> dict[str, int]:
+    """The Delta version of each table that an earlier run validated last."""
+    rows = spark.table(results_table).groupBy("suite").agg(F.max("table_version").alias("v")).collect()
+    return {r["suite"]: int(r["v"]) for r in rows if r["v"] is not None}
+
+
+def current_version(spark: SparkSession, table: str) -> int:
+    return int(spark.sql(f"DESCRIBE HISTORY {table} LIMIT 1").collect()[0]["version"])
+
+
+def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | None, version: int) -> Batch:
+    snapshot = spark.sql(f"SELECT * FROM {table} VERSION AS OF {version}")
+    if suite.layer != "bronze" or previous is None or previous > version:
+        return Batch(suite, snapshot, version, "full")
+    try:
+        changes = (
+            spark.read.option("readChangeFeed", "true")
+            .option("startingVersion", previous + 1)
+            .option("endingVersion", version)
+            .table(table)
+        )
+        added = changes.where(F.col("_change_type") == "insert").drop(*CDF_COLUMNS)
+        return Batch(suite, rows_sharing_keys(snapshot, added, suite.key), version, "incremental")
+    except AnalysisException as e:  # change data no longer kept (VACUUM) or never enabled
+        log.info("  %s: no change data since version %d (%s); validating it whole", table, previous, e.getMessage())
+        return Batch(suite, snapshot, version, "full")
+
+
+def _cross_batches(spark: SparkSession, config: Config, cross: list[Suite], outcome: Outcome) -> list[Batch]:
+    names = {s: config.table(BRONZE[s].name) for s in BRONZE} | {
+        "lifecycle": config.table(TXN_LIFECYCLE.name),
+        "offset_commits": config.table(OFFSET_COMMITS.name),
+    }
+    if not all(spark.catalog.tableExists(t) for t in names.values()):
+        outcome.skipped += [(s.name, "needs bronze, txn_lifecycle and offset_commits") for s in cross]
+        return []
+    t = {k: spark.table(v) for k, v in names.items()}
+    as_of = t["lifecycle"].agg(F.max("as_of")).collect()[0][0]
+    views = {
+        "op_references": op_references(t["op"], t["half"]),
+        "commit_references": commit_references(t["real"], t["half"]),
+    }
+    if as_of is not None:
+        views["lifecycle_totals"] = lifecycle_totals(
+            t["lifecycle"], t["offset_commits"], t["half"], t["real"], t["offset"], int(as_of)
+        )
+    else:
+        outcome.skipped.append(("lifecycle_totals", "txn_lifecycle is empty"))
+    return [Batch(s, views[s.name], None, "full") for s in cross if s.name in views]
+
+
+def _context(config: Config) -> FileDataContext:
+    context = gx.get_context(mode="file", project_root_dir=str(quality_dir(config)))
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)  # our log says what runs
+    context.variables.save()
+    return context
+
+
+def _definition(context: FileDataContext, suite: Suite) -> gx.ValidationDefinition:
+    """The suite and its validation definition, written into the GE project from our code every run."""
+    expectations = [
+        ExpectationConfiguration(type=e.type, kwargs=dict(e.kwargs), description=e.description or None)
+        for e in suite.expectations
+    ]
+    gx_suite = context.suites.add_or_update(
+        gx.ExpectationSuite(name=suite.name, expectations=[e.to_domain_obj() for e in expectations])
+    )
+    sources = context.data_sources.all()
+    source = sources.get("txn_recon")
+    if not isinstance(source, SparkDatasource):
+        # persist=False: GE would otherwise cache every batch. No spark_config: GE would rebuild our session.
+        source = context.data_sources.add_spark("txn_recon", persist=False)
+    if suite.name in source.get_asset_names():
+        asset = source.get_asset(suite.name)
+    else:
+        asset = source.add_dataframe_asset(suite.name)
+    if "whole" in [b.name for b in asset.batch_definitions]:
+        batch_def = asset.get_batch_definition("whole")
+    else:
+        batch_def = asset.add_batch_definition_whole_dataframe("whole")
+    return context.validation_definitions.add_or_update(
+        gx.ValidationDefinition(name=suite.name, data=batch_def, suite=gx_suite)
+    )
+
+
+def _validate(
+    context: FileDataContext, batch: Batch, run_id: str, validated_at: dt.datetime, blocking: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """Run one suite on one DataFrame through its persisted validation definition (so Data Docs show it).
+
+    The suite runs with BOOLEAN_ONLY results: GE then skips collecting a sample of unexpected values for
+    every expectation, which is most of its time on Spark. Only a failed expectation runs again, alone,
+    for its unexpected count and sample."""
+    started = time.perf_counter()
+    definition = _definition(context, batch.suite)
+    df = batch.df.cache()  # GE computes its metrics in several passes
+    try:
+        rows = df.count()
+        params = {"dataframe": df}
+        results = definition.run(batch_parameters=params, result_format={"result_format": "BOOLEAN_ONLY"}).results
+        if any(not r.success for r in results):
+            gx_batch = definition.batch_definition.get_batch(batch_parameters=params)
+            detail = {"result_format": "BASIC", "partial_unexpected_count": SAMPLE}
+            results = [r if r.success else gx_batch.validate(_expectation(r), result_format=detail) for r in results]
+    finally:
+        df.unpersist()
+    out = [_row(r, batch, rows, run_id, validated_at, batch.suite.name in blocking) for r in results]
+    failed = sum(not r["success"] for r in out)
+    verdict = "all passed" if not failed else f"{failed} FAILED"
+    log.info("  %-18s %s, %d rows: %d expectations, %s (%.1f s)", batch.suite.name, batch.scope, rows, len(out),
+             verdict, time.perf_counter() - started)  # fmt: skip
+    return out
+
+
+def _expectation(result: Any) -> Any:
+    """The GE expectation a result came from."""
+    return result.expectation_config.to_domain_obj()
+
+
+def _row(r: Any, batch: Batch, rows: int, run_id: str, validated_at: dt.datetime, blocking: bool) -> dict[str, Any]:
+    config = r.expectation_config
+    kwargs = {k: v for k, v in config.kwargs.items() if k != "batch_id"}
+    result = r.result or {}
+    error = (r.exception_info or {}).get("exception_message") if not r.success else None
+    observed = result.get("observed_value")
+    if observed is None and error:
+        observed = f"error: {error}"
+    sample = result.get("partial_unexpected_list")
+    per_row = isinstance(_expectation(r), ROW_EXPECTATIONS)
+    # A passing per-row expectation had no unexpected row; its BOOLEAN_ONLY result does not repeat that.
+    unexpected = result.get("unexpected_count", 0 if per_row and r.success else None)
+    return {
+        "run_id": run_id,
+        "validated_at": validated_at,
+        "suite": batch.suite.name,
+        "layer": batch.suite.layer,
+        "table_version": batch.version,
+        "scope": batch.scope,
+        "expectation": Expectation(config.type, kwargs).label,
+        "kwargs": json.dumps(kwargs, sort_keys=True, default=str),
+        "blocking": blocking,
+        "success": bool(r.success),
+        "observed_value": None if observed is None else json.dumps(observed, default=str),
+        "element_count": result.get("element_count", rows),
+        "unexpected_count": unexpected,
+        "unexpected_sample": json.dumps(sample[:SAMPLE], default=str) if sample else None,
+    }
+
+
+def _append(spark: SparkSession, table: str, rows: list[dict[str, Any]]) -> None:
+    df = spark.createDataFrame([tuple(r[n] for n in DQ_RESULTS.names) for r in rows], to_struct(DQ_RESULTS))
+    df.write.insertInto(table)
+
+
+def summary(outcome: Outcome) -> str:
+    n, failed = len(outcome.results), outcome.failures
+    lines = [
+        f"quality {outcome.run_id}: {n} expectations, {n - len(failed)} passed, {len(failed)} failed "
+        f"({len(outcome.blocking_failures)} blocking) in {outcome.seconds:.1f} s"
+    ]
+    for r in failed:
+        level = "FAILED" if r["blocking"] else "warning"
+        count = r["unexpected_count"]
+        detail = f"{count} of {r['element_count']} rows unexpected" if count is not None else r["observed_value"]
+        sample = f": {r['unexpected_sample']}" if r["unexpected_sample"] else ""
+        lines.append(f"  {level:<7} {r['suite']}: {r['expectation']}: {detail}{sample}"[:400])
+    lines += [f"  skipped {name}: {why}" for name, why in outcome.skipped]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    from jobs.cli import main
+
+    sys.exit(main(["quality", *sys.argv[1:]]))

@@ -1,0 +1,221 @@
+"""`txn-recon report [--out FILE]`: the reconciliation dashboard, one self-contained HTML file built from
+the gold, silver and data-quality tables (DESIGN §4).
+
+Spark aggregates; only small results (counts per time bucket, the oldest or latest few hundred rows)
+reach the driver, and `jobs.dashboard` turns them into HTML with no further Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.window import WindowSpec
+
+from jobs import dashboard
+from jobs.charts import bucket_ms
+from jobs.config import Config
+from jobs.errors import TxnReconError
+from jobs.lock import warehouse_lock
+from jobs.session import build_session
+
+log = logging.getLogger(__name__)
+
+ROWS = 500  # rows per table on the page; the header says when there are more
+STUCK_AGE_BINS = ((0, "< 5 min"), (300_000, "5-15 min"), (900_000, "15-60 min"), (3_600_000, "1-6 h"),
+                  (21_600_000, "6-24 h"), (86_400_000, "1-3 d"), (259_200_000, "> 3 d"))  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, help="HTML file to write (default: <warehouse>/_report/dashboard.html)")
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    with warehouse_lock(config, "report"):
+        spark = build_session(config)
+        path = write_report(spark, config, args.out)
+    print(f"dashboard: {path}")
+    return 0
+
+
+def default_path(config: Config) -> Path:
+    return Path(config.warehouse) / "_report" / "dashboard.html"
+
+
+def write_report(spark: SparkSession, config: Config, out: Path | None = None) -> Path:
+    started = time.perf_counter()
+    path = out or default_path(config)
+    data = gather(spark, config)
+    html = dashboard.render(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(html, encoding="utf-8")
+    tmp.replace(path)  # a reader never sees half a page
+    log.info("report written to %s (%.1f s)", path, time.perf_counter() - started)
+    return path
+
+
+def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
+    """Everything the dashboard shows, as plain Python values."""
+    names = ("txn_lifecycle", "anomalies", "dq_results", "ingest_runs")
+    t = {n: spark.table(config.table(n)) for n in names if spark.catalog.tableExists(config.table(n))}
+    if "txn_lifecycle" not in t or "anomalies" not in t:
+        raise TxnReconError("no reconciled tables yet; run `txn-recon reconcile` (or `txn-recon run`) first")
+    life = t["txn_lifecycle"]
+    # Anomalies are few next to transactions: keep them, with their transaction's group and topic, in memory.
+    txn = life.select("broker_name", "uniq_key", "producer_group", "real_topic", "state")
+    keyed = t["anomalies"].join(txn, on=["broker_name", "uniq_key"], how="left").persist()
+    try:
+        states = _over_time(life, F.coalesce("first_copy_ts", "first_commit_ts"), "state")
+        anomalies = _over_time(keyed, F.col("event_ts"), "anomaly_type")
+        data: dict[str, Any] = {
+            "database": config.database,
+            "generated_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            "as_of": life.agg(F.max("as_of")).collect()[0][0],
+            "states": _totals(states),
+            "anomaly_counts": _totals(anomalies),
+            "states_over_time": states,
+            "anomalies_over_time": anomalies,
+        }
+        data |= _anomaly_tables(keyed, data["anomaly_counts"])
+    finally:
+        keyed.unpersist()
+    data["dq_latest"], data["dq_runs"] = _quality(t.get("dq_results"))
+    data["ingest_runs"] = _ingest_runs(t.get("ingest_runs"))
+    data["reconcile_runs"] = _reconcile_runs(spark, config.table("anomalies"))
+    return data
+
+
+def _anomaly_tables(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
+    kind = F.col("anomaly_type")
+    stuck = keyed.where(kind == "STUCK_HALF").withColumn("age_ms", _detail("age_ms").cast("long"))
+    stuck_columns: list[str | Column] = ["broker_name", "uniq_key", "age_ms", "producer_group", _detail("check_times"),
+                     _detail("broker_still_checking"), "event_ts", "anomaly_id"]  # fmt: skip
+    txn_columns = ["anomaly_type", "reason", "broker_name", "uniq_key", "producer_group", "real_topic", "state",
+                   "event_ts", "detail", "anomaly_id"]  # fmt: skip
+    latest = (F.desc("event_ts"), "anomaly_id")
+    regressions = keyed.where(kind == "OFFSET_REGRESSION")
+    regression_columns: list[str | Column] = ["consumer_group", "topic", "queue_id", "broker_name", "event_ts",
+                                              _detail("from_offset"),
+                          _detail("to_offset"), _detail("redelivery_estimate"), _detail("client_before"),
+                          _detail("client_after"), "anomaly_id"]  # fmt: skip
+    by_queue = ("consumer_group", "topic", "queue_id", "event_ts")
+    return {
+        "stuck_age_bins": _age_bins(stuck),
+        "stuck_oldest": _rows(stuck.orderBy(F.desc("age_ms"), "anomaly_id"), stuck_columns, 25),
+        "stuck_total": counts.get("STUCK_HALF", 0),
+        "discarded": _rows(keyed.where(kind.startswith("DISCARDED_")).orderBy(*latest), txn_columns, ROWS),
+        "discarded_total": counts.get("DISCARDED_AFTER_MAX_CHECKS", 0) + counts.get("DISCARDED_EXPIRED", 0),
+        "orphaned": _rows(keyed.where(kind == "ORPHANED_COMMIT").orderBy(*latest), txn_columns, ROWS),
+        "orphaned_total": counts.get("ORPHANED_COMMIT", 0),
+        "duplicates": _rows(keyed.where(kind == "DUPLICATE_COMMIT").orderBy(*latest), txn_columns, ROWS),
+        "duplicates_total": counts.get("DUPLICATE_COMMIT", 0),
+        "regressions": _rows(regressions.orderBy(*by_queue), regression_columns, ROWS),
+        "regressions_total": counts.get("OFFSET_REGRESSION", 0),
+    }
+
+
+def _detail(field: str) -> Column:
+    """One field of an anomaly's JSON detail, as a string column of that name."""
+    return F.get_json_object("detail", f"$.{field}").alias(field)
+
+
+def _totals(over_time: dict[str, Any]) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for _, group, n in over_time["counts"]:
+        totals[group] = totals.get(group, 0) + n
+    return totals
+
+
+def _rows(df: DataFrame, columns: Sequence[str | Column], limit: int) -> list[dict[str, Any]]:
+    return [r.asDict() for r in df.select(*columns).limit(limit).collect()]
+
+
+def _over_time(df: DataFrame, ts: Column, group: str) -> dict[str, Any]:
+    """Counts per (time bucket, group), with the bucket width chosen from the data's time span."""
+    timed = df.select(ts.alias("ts"), group).where(F.col("ts").isNotNull())
+    first, last = timed.agg(F.min("ts"), F.max("ts")).collect()[0]
+    if first is None:
+        return {"bucket_ms": 1000, "counts": []}
+    width = bucket_ms(first, last)
+    counts = timed.groupBy((F.floor(F.col("ts") / width) * width).alias("bucket"), group).count().collect()
+    return {"bucket_ms": width, "counts": [(int(r["bucket"]), r[group], r["count"]) for r in counts]}
+
+
+def _age_bins(stuck: DataFrame) -> list[tuple[str, int]]:
+    label = F.lit(STUCK_AGE_BINS[0][1])
+    for low, name in STUCK_AGE_BINS[1:]:
+        label = F.when(F.col("age_ms") >= low, F.lit(name)).otherwise(label)
+    found = {r["bin"]: r["count"] for r in stuck.groupBy(label.alias("bin")).count().collect()}
+    return [(name, found.get(name, 0)) for _, name in STUCK_AGE_BINS]
+
+
+def _quality(dq: DataFrame | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    if dq is None:
+        return [], []
+    runs = (
+        dq.groupBy("run_id")
+        .agg(
+            F.max("validated_at").alias("validated_at"),
+            F.count(F.lit(1)).alias("expectations"),
+            F.count(F.when(~F.col("success"), 1)).alias("failed"),
+            F.count(F.when(~F.col("success") & F.col("blocking"), 1)).alias("blocking_failed"),
+            F.concat_ws(", ", F.sort_array(F.collect_set("suite"))).alias("suites"),
+        )
+        .orderBy(F.desc("validated_at"))
+        .limit(50)
+        .collect()
+    )
+    if not runs:
+        return [], []
+    # The latest result of every expectation, whichever run validated its table last.
+    latest = dq.withColumn("_rank", F.row_number().over(_latest_first())).where("_rank = 1")
+    columns = ["suite", "expectation", "success", "blocking", "unexpected_count", "element_count", "observed_value",
+               "unexpected_sample", "scope", "table_version", "run_id"]  # fmt: skip
+    rows = latest.orderBy("success", "suite", "expectation").select(*columns).collect()
+    return [r.asDict() for r in rows], [r.asDict() for r in runs]
+
+
+def _latest_first() -> WindowSpec:
+    return Window.partitionBy("suite", "expectation").orderBy(F.desc("validated_at"), F.desc("run_id"))
+
+
+def _ingest_runs(runs: DataFrame | None) -> list[dict[str, Any]]:
+    if runs is None:
+        return []
+    per_run = runs.groupBy("run_id").agg(
+        F.min("started_at").alias("started_at"), F.max("finished_at").alias("finished_at"),
+        F.sum("files").alias("files"), F.sum("files_failed").alias("files_failed"),
+        F.sum("records_read").alias("records_read"), F.sum("inserted").alias("inserted"),
+        F.sum("duplicates").alias("duplicates"), F.sum("quarantined").alias("quarantined"),
+    )  # fmt: skip
+    return [r.asDict() for r in per_run.orderBy(F.desc("started_at")).limit(50).collect()]
+
+
+def _reconcile_runs(spark: SparkSession, anomalies_table: str) -> list[dict[str, Any]]:
+    """Every reconcile merges into `anomalies`: its Delta history is the run history."""
+    history = spark.sql(f"DESCRIBE HISTORY {anomalies_table} LIMIT 50").where(F.col("operation") == "MERGE")
+    out = []
+    for r in history.select("version", "timestamp", "operationMetrics").collect():
+        m = r["operationMetrics"] or {}
+        out.append({
+            "version": r["version"], "timestamp": r["timestamp"],
+            "inserted": int(m.get("numTargetRowsInserted", 0)), "updated": int(m.get("numTargetRowsUpdated", 0)),
+            "deleted": int(m.get("numTargetRowsDeleted", 0)),
+            "execution_ms": int(m.get("executionTimeMs", 0)),
+        })  # fmt: skip
+    return out
+
+
+if __name__ == "__main__":
+    from jobs.cli import main
+
+    sys.exit(main(["report", *sys.argv[1:]]))

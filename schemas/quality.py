@@ -1,0 +1,151 @@
+"""Data-quality contracts: the expectation suites for bronze, silver, gold and the cross-table views,
+and the `dq_results` table they fill. Plain data (no Great Expectations import): `jobs.quality` turns
+each Expectation into a GE expectation configuration of the same type and arguments.
+
+Suites are derived from the schema constants, so a new column gets its contract where it is defined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.bronze import BRONZE
+from schemas.model import Field, Schema
+from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, TXN_LIFECYCLE
+
+# Epoch milliseconds a RocketMQ timestamp may hold: not before 1970, not after 2100.
+TIME_RANGE = (0, 4_102_444_800_000)
+TIME_COLUMNS = frozenset({"store_timestamp", "born_timestamp", "commit_timestamp", "as_of"})
+NON_NEGATIVE = frozenset({
+    "queue_id", "queue_offset", "commit_log_offset", "real_queue_id", "check_immunity_seconds",
+    "prepared_queue_offset", "prepared_transaction_offset", "body_size", "reconsume_times", "offset", "seq",
+    "copies", "check_times", "commit_count", "first_commit_queue_id", "first_commit_queue_offset",
+})  # fmt: skip
+
+STATES = ("COMMITTED", "ROLLED_BACK", "DISCARDED", "PENDING")
+DISCARD_REASONS = ("MAX_CHECKS", "EXPIRED")
+ANOMALY_TYPES = (
+    "STUCK_HALF", "DISCARDED_AFTER_MAX_CHECKS", "DISCARDED_EXPIRED", "ORPHANED_COMMIT", "DUPLICATE_COMMIT",
+    "OFFSET_REGRESSION",
+)  # fmt: skip
+ANOMALY_REASONS = ("NO_HALF", "NO_OP", "AFTER_DISCARD", "OFFSET_MISMATCH", *DISCARD_REASONS)
+# An op body lists half offsets: "17" (<= 5.0) or "17,18,20," (5.1+).
+OP_BODY = r"^[0-9]+(,[0-9]+)*,?$"
+
+
+@dataclass(frozen=True)
+class Expectation:
+    type: str  # a Great Expectations expectation type, e.g. expect_column_values_to_not_be_null
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    @property
+    def label(self) -> str:
+        """A short, stable name for reports: the type and its column arguments."""
+        cols = [str(v) for k, v in self.kwargs.items() if k in ("column", "column_A", "column_B")]
+        if "column_list" in self.kwargs:
+            cols.append("+".join(self.kwargs["column_list"]))
+        return f"{self.type}({', '.join(cols)})"
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    layer: str  # bronze, silver, gold: a table of that layer; cross: a view joining tables
+    expectations: tuple[Expectation, ...]
+    key: tuple[str, ...] = ()  # bronze: the natural key, to validate incrementally
+
+
+def _e(kind: str, **kwargs: Any) -> Expectation:
+    return Expectation(f"expect_{kind}", kwargs)
+
+
+def contract(schema: Schema) -> tuple[Expectation, ...]:
+    """Schema, not-null, natural-key and range expectations every table of `schema` must meet."""
+    out = [_e("table_columns_to_match_set", column_set=list(schema.names), exact_match=True)]
+    out += [_e("column_values_to_not_be_null", column=name) for name in schema.required]
+    if len(schema.key) == 1:
+        out.append(_e("column_values_to_be_unique", column=schema.key[0]))
+    elif schema.key:
+        out.append(_e("compound_columns_to_be_unique", column_list=list(schema.key)))
+    out += [_range(f) for f in schema.fields if _range(f) is not None]  # type: ignore[misc]
+    return tuple(out)
+
+
+def _range(f: Field) -> Expectation | None:
+    if f.name in TIME_COLUMNS or f.name.endswith("_ts"):
+        return _e("column_values_to_be_between", column=f.name, min_value=TIME_RANGE[0], max_value=TIME_RANGE[1])
+    if f.name in NON_NEGATIVE:
+        return _e("column_values_to_be_between", column=f.name, min_value=0)
+    return None
+
+
+def _problems(what: str) -> Expectation:
+    """Cross-table views carry a `problem` column: null when the row checks out, else what is wrong
+    (with the key, so the failing rows appear in the result sample and can be looked up in SQL)."""
+    return Expectation("expect_column_values_to_be_null", {"column": "problem"}, description=what)
+
+
+def suites(check_max: int) -> tuple[Suite, ...]:
+    """Every suite, in the order they run. `check_max` is the broker's transactionCheckMax."""
+    half, op, real, offset = (BRONZE[s] for s in ("half", "op", "real", "offset"))
+    in_set = "column_values_to_be_in_set"
+    op_body = (
+        _e(in_set, column="tag", value_set=["d"]),
+        _e("column_values_to_match_regex", column="body", regex=OP_BODY),
+    )
+    lifecycle = (
+        _e(in_set, column="state", value_set=list(STATES)),
+        _e(in_set, column="reason", value_set=list(DISCARD_REASONS)),
+        _check_times(0, check_max),
+        _e("column_pair_values_a_to_be_greater_than_b", column_A="last_copy_ts", column_B="first_copy_ts",
+           or_equal=True, ignore_row_if="either_value_is_missing"),
+    )  # fmt: skip
+    anomalies = (
+        _e(in_set, column="anomaly_type", value_set=list(ANOMALY_TYPES)),
+        _e(in_set, column="reason", value_set=list(ANOMALY_REASONS)),
+        _e("column_values_to_be_json_parseable", column="detail"),
+    )
+    return (
+        Suite(half.name, "bronze", contract(half) + (_check_times(1, check_max),), half.key),
+        Suite(op.name, "bronze", contract(op) + op_body, op.key),
+        Suite(real.name, "bronze", contract(real), real.key),
+        Suite(offset.name, "bronze", contract(offset), offset.key),
+        Suite(TXN_LIFECYCLE.name, "silver", contract(TXN_LIFECYCLE) + lifecycle),
+        Suite(OFFSET_COMMITS.name, "silver", contract(OFFSET_COMMITS)),
+        Suite(ANOMALIES.name, "gold", contract(ANOMALIES) + anomalies),
+        Suite("op_references", "cross", (_problems("every half offset an op lists is a known half copy"),)),
+        Suite("commit_references", "cross", (_problems("every commit's prepared offset is a half copy"),)),
+        Suite("lifecycle_totals", "cross", (_problems("lifecycle counts add up to the half and real counts"),)),
+    )
+
+
+def _check_times(low: int, high: int) -> Expectation:
+    return _e("column_values_to_be_between", column="check_times", min_value=low, max_value=high)
+
+
+def suite_names() -> tuple[str, ...]:
+    return tuple(s.name for s in suites(check_max=15))
+
+
+DQ_RESULTS = Schema(
+    "dq_results",
+    (
+        Field("run_id", "string"),
+        Field("validated_at", "timestamp"),
+        Field("suite", "string"),
+        Field("layer", "string"),
+        Field("table_version", "long", nullable=True, doc="the Delta version validated (null: a cross view)"),
+        Field("scope", "string", doc="full, or incremental: the rows added since the last validated version"),
+        Field("expectation", "string", doc="type(columns), stable across runs"),
+        Field("kwargs", "string", doc="the expectation's arguments as JSON"),
+        Field("blocking", "boolean", doc="a failure makes `txn-recon quality` exit non-zero"),
+        Field("success", "boolean"),
+        Field("observed_value", "string", nullable=True),
+        Field("element_count", "long", nullable=True, doc="rows validated"),
+        Field("unexpected_count", "long", nullable=True),
+        Field("unexpected_sample", "string", nullable=True, doc="up to 20 unexpected values, as JSON"),
+    ),
+)

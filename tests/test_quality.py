@@ -1,0 +1,125 @@
+"""Data quality: the suites pass on the model's data, catch data broken on purpose, validate only what
+changed, and record every result in dq_results."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from jobs.cli import main
+from jobs.config import Config
+from jobs.quality import EXIT_BLOCKING, check_quality
+from jobs.reconcile import reconcile
+from schemas.bronze import BRONZE
+from schemas.quality import OP_BODY, suites
+from tests.test_ingest import fresh_db, ingest, make_landing
+
+NOW = dt.datetime(2026, 11, 21, 3, 0, 0)
+
+
+def test_contracts_follow_the_schemas() -> None:
+    by_name = {s.name: s for s in suites(check_max=15)}
+    for stream, schema in BRONZE.items():
+        labels = {e.label for e in by_name[schema.name].expectations}
+        assert {f"expect_column_values_to_not_be_null({c})" for c in schema.required} <= labels
+        unique = "expect_column_values_to_be_unique" if len(schema.key) == 1 else "expect_compound_columns_to_be_unique"
+        assert f"{unique}({'+'.join(schema.key) if len(schema.key) > 1 else schema.key[0]})" in labels, stream
+    assert "expect_column_values_to_be_between(queue_offset)" in {e.label for e in by_name["half_events"].expectations}
+
+
+@pytest.mark.parametrize("body", ["17", "17,18,20,", "0,"])
+def test_op_body_pattern_accepts_both_formats(body: str) -> None:
+    assert re.match(OP_BODY, body)
+
+
+@pytest.mark.parametrize("body", ["", ",", "17,,18", "a", "17;18", "-1"])
+def test_op_body_pattern_rejects_garbage(body: str) -> None:
+    assert not re.match(OP_BODY, body)
+
+
+def _results(spark: SparkSession, cfg: Config, run_id: str) -> list[dict[str, Any]]:
+    rows = spark.table(cfg.table("dq_results")).where(F.col("run_id") == run_id).collect()
+    return [r.asDict() for r in rows]
+
+
+def _failed(results: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(r["suite"], r["expectation"]): r for r in results if not r["success"]}
+
+
+@pytest.mark.spark
+def test_clean_data_passes_and_broken_data_fails(
+    spark: SparkSession, config: Config, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = fresh_db(spark, config, "t_quality")
+    make_landing(tmp_path / "landing", n=150, seed=4)
+    ingest(spark, cfg, tmp_path / "landing", "run-1")
+    reconcile(spark, cfg)
+
+    clean = check_quality(spark, cfg, "dq-1", NOW)
+    recorded = _results(spark, cfg, "dq-1")
+    assert len(recorded) == len(clean.results) > 100
+    assert [k for k, r in _failed(recorded).items()] == []
+    assert {r["suite"] for r in recorded} == {s.name for s in suites(cfg.broker.check_max)}
+    assert {r["scope"] for r in recorded} == {"full"}
+    assert clean.docs.is_file() and "half_events" in clean.docs.read_text()
+
+    # Nothing changed: nothing is validated again.
+    again = check_quality(spark, cfg, "dq-2", NOW)
+    assert again.results == [] and _results(spark, cfg, "dq-2") == []
+    assert dict(again.skipped)["half_events"].startswith("unchanged since version")
+
+    # Break the data straight in bronze: a second record under an existing half key, an op listing an
+    # offset no half has, a negative consumer offset.
+    half = spark.table(cfg.table("half_events"))
+    victim = half.orderBy("queue_offset").limit(1)
+    victim.withColumn("uniq_key", F.lit("FORGED")).write.insertInto(cfg.table("half_events"))
+    op = spark.table(cfg.table("op_events"))
+    top = op.agg(F.max("queue_offset")).collect()[0][0]
+    stray = (
+        op.orderBy("queue_offset")
+        .limit(1)
+        .withColumn("queue_offset", F.lit(top + 1))
+        .withColumn("body", F.lit("987654,"))
+    )
+    stray.write.insertInto(cfg.table("op_events"))
+    offset = spark.table(cfg.table("offset_events"))
+    offset.limit(1).withColumn("offset", F.lit(-5)).withColumn("_record_hash", F.lit("forged")).write.insertInto(
+        cfg.table("offset_events")
+    )
+
+    code = main(["quality", "--warehouse", cfg.warehouse, "--conf", str(_conf(tmp_path, cfg))])
+    out = capsys.readouterr().out
+    assert code == EXIT_BLOCKING
+    run_id = re.search(r"quality (quality-\S+):", out).group(1)  # type: ignore[union-attr]
+    broken = _results(spark, cfg, run_id)
+    failed = _failed(broken)
+    key_dup = failed[("half_events", "expect_compound_columns_to_be_unique(broker_name+queue_id+queue_offset)")]
+    assert key_dup["unexpected_count"] == 2 and key_dup["blocking"] and key_dup["scope"] == "incremental"
+    assert key_dup["element_count"] == 2  # the forged row and the one it collides with, not the whole table
+    negative = failed[("offset_events", "expect_column_values_to_be_between(offset)")]
+    assert negative["unexpected_count"] == 1 and "-5" in negative["unexpected_sample"]
+    dangling = failed[("op_references", "expect_column_values_to_be_null(problem)")]
+    assert dangling["unexpected_count"] == 1 and "987654" in dangling["unexpected_sample"]
+    assert not dangling["blocking"]
+    assert set(failed) == {
+        ("half_events", key_dup["expectation"]),
+        ("offset_events", negative["expectation"]),
+        ("op_references", dangling["expectation"]),
+        ("lifecycle_totals", "expect_column_values_to_be_null(problem)"),  # bronze grew, silver did not
+    }
+    # Silver and gold did not change, so only bronze and the cross views ran.
+    assert {r["suite"] for r in broken} == {"half_events", "op_events", "offset_events", "op_references",
+                                            "commit_references", "lifecycle_totals"}  # fmt: skip
+    assert "FAILED  half_events" in out and "warning op_references" in out and "Data Docs:" in out
+
+
+def _conf(tmp_path: Path, cfg: Config) -> Path:
+    path = tmp_path / "db.yaml"
+    path.write_text(f"database: {cfg.database}\n")
+    return path
