@@ -31,8 +31,9 @@ browser:
 	  $(SUDO) apt-get install -y -q chromium chromium-driver || \
 	  { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium chromium-driver; }; }
 
+# Two workers, one test file each at a time: Spark tests wait on latency as much as on CPU.
 test: lint browser
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadfile
 
 # The main job: simulate the default profile (100,000 transactions) into landing/demo, ingest,
 # reconcile, check data quality, write the dashboard, and score the anomalies against the model's truth.

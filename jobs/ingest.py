@@ -111,17 +111,22 @@ def ingest_landing(
     ensure_tables(spark, config)
     log.info("ingest %s from %s", run_id, landing)
     streams = [s for s in LANDING if (landing / s).is_dir()]
-    tallies = {s: ingest_stream(spark, config, landing / s, s, run_id, ingested_at) for s in streams}
+    seen = seen_files(spark, config)
+    tallies = {s: ingest_stream(spark, config, landing / s, s, run_id, ingested_at, seen) for s in streams}
     record_run(spark, config, run_id, tallies)
     return tallies
 
 
 def ensure_tables(spark: SparkSession, config: Config) -> None:
+    """Create the bronze and bookkeeping tables that do not exist yet (one catalog listing)."""
+    existing = {r["tableName"] for r in spark.sql(f"SHOW TABLES IN {config.database}").collect()}
     for stream, schema in BRONZE.items():
-        create_table(spark, config, schema, properties={"delta.enableChangeDataFeed": "true"},
-                     cluster_by=CLUSTER_BY[stream])  # fmt: skip
+        if schema.name not in existing:
+            create_table(spark, config, schema, properties={"delta.enableChangeDataFeed": "true"},
+                         cluster_by=CLUSTER_BY[stream])  # fmt: skip
     for schema in (QUARANTINE, INGEST_RUNS, INGEST_FILES):
-        create_table(spark, config, schema)
+        if schema.name not in existing:
+            create_table(spark, config, schema)
 
 
 def list_files(folder: Path) -> list[LandingFile]:
@@ -134,13 +139,14 @@ def list_files(folder: Path) -> list[LandingFile]:
     return found
 
 
-def new_files(spark: SparkSession, config: Config, stream: str, files: list[LandingFile]) -> list[LandingFile]:
-    seen = {
-        (r["path"], r["size"], r["modified_ms"])
-        for r in spark.table(config.table("ingest_files")).where(F.col("stream") == stream)
-        .select("path", "size", "modified_ms").collect()
-    }  # fmt: skip
-    return [f for f in files if (str(f.path), f.size, f.modified_ms) not in seen]
+def seen_files(spark: SparkSession, config: Config) -> set[tuple[str, str, int, int]]:
+    """(stream, path, size, modified_ms) of every landing file an earlier run recorded."""
+    rows = spark.table(config.table("ingest_files")).select("stream", "path", "size", "modified_ms").collect()
+    return {(r["stream"], r["path"], r["size"], r["modified_ms"]) for r in rows}
+
+
+def new_files(stream: str, files: list[LandingFile], seen: set[tuple[str, str, int, int]]) -> list[LandingFile]:
+    return [f for f in files if (stream, str(f.path), f.size, f.modified_ms) not in seen]
 
 
 def batches(files: list[LandingFile], max_bytes: int) -> Iterator[list[LandingFile]]:
@@ -157,9 +163,15 @@ def batches(files: list[LandingFile], max_bytes: int) -> Iterator[list[LandingFi
 
 
 def ingest_stream(
-    spark: SparkSession, config: Config, folder: Path, stream: str, run_id: str, ingested_at: dt.datetime
+    spark: SparkSession,
+    config: Config,
+    folder: Path,
+    stream: str,
+    run_id: str,
+    ingested_at: dt.datetime,
+    seen: set[tuple[str, str, int, int]],
 ) -> Tally:
-    todo = new_files(spark, config, stream, list_files(folder))
+    todo = new_files(stream, list_files(folder), seen)
     tally = Tally()
     if not todo:
         log.info("%s: no new files", stream)

@@ -52,14 +52,17 @@ def default_path(config: Config) -> Path:
 
 def write_report(spark: SparkSession, config: Config, out: Path | None = None) -> Path:
     started = time.perf_counter()
-    path = out or default_path(config)
-    data = gather(spark, config)
-    html = dashboard.render(data)
+    path = write_page(out or default_path(config), gather(spark, config))
+    log.info("report written to %s (%.1f s)", path, time.perf_counter() - started)
+    return path
+
+
+def write_page(path: Path, data: dict[str, Any]) -> Path:
+    """Render gathered data and replace the page at `path` at once: a reader never sees half a page."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(path)  # a reader never sees half a page
-    log.info("report written to %s (%.1f s)", path, time.perf_counter() - started)
+    tmp.write_text(dashboard.render(data), encoding="utf-8")
+    tmp.replace(path)
     return path
 
 

@@ -48,6 +48,7 @@ def test_user_file_is_layered_last(tmp_path: Path) -> None:
         ("database: 'bad name'\n", "database: 'bad name' is not a valid database name"),
         ("broker: [check_max: 1\n", "malformed YAML at line 2"),
         ("- just\n- a list\n", "expected a mapping of settings at the top level"),
+        ("quality:\n  blocking: [half_events, halfevents]\n", "quality.blocking: unknown suite 'halfevents'"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, text: str, message: str) -> None:

@@ -27,8 +27,6 @@ from pyspark.sql import SparkSession
 from broker.landing import LandingWriter
 from broker.profiles import PROFILES
 from broker.simulation import simulate
-from jobs.config import load_config
-from jobs.session import write_spark_defaults
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.spark
@@ -127,6 +125,7 @@ def test_dashboard_renders_in_headless_chromium(shipped: Shipped, spark: SparkSe
         assert times() == sorted(times()) and len(set(times())) > 1
         header.click()
         assert times() == sorted(times(), reverse=True)
+        driver.execute_script("window.scrollTo(0, 0)")
         height = driver.execute_script("return document.documentElement.scrollHeight")
         driver.set_window_size(1280, min(height, 16000))
         ARTIFACTS.mkdir(exist_ok=True)
@@ -166,8 +165,11 @@ def test_readme_queries_run_as_written_in_spark_sql(shipped: Shipped, spark: Spa
     # One spark-sql process for all four (a JVM start each would be slow); a marker row separates them.
     script = "".join(f"SELECT 'query {i}';\n{q}" for i, q in enumerate(queries))
     (tmp_path / "queries.sql").write_text(script)
-    conf = write_spark_defaults(load_config(overrides={"warehouse": str(shipped.warehouse)}), tmp_path / "conf")
-    env = {**os.environ, "SPARK_CONF_DIR": str(conf.parent), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    # As in the README: `txn-recon spark-conf`, then the venv's spark-sql (it finds Spark through python3 on PATH).
+    conf = subprocess.run([str(BIN / "txn-recon"), "spark-conf", "--warehouse", str(shipped.warehouse), "--out",
+                           str(tmp_path / "conf")], capture_output=True, text=True, cwd=REPO, timeout=120)  # fmt: skip
+    assert conf.returncode == 0, conf.stderr
+    env = {**os.environ, "SPARK_CONF_DIR": str(tmp_path / "conf"), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run([str(BIN / "spark-sql"), "-f", str(tmp_path / "queries.sql")], capture_output=True,
                           text=True, cwd=tmp_path, env=env, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr
