@@ -25,7 +25,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_pipeline(args: argparse.Namespace, config: Config) -> int:
-    landing: Path = args.landing
+    code, where = pipeline(config, args.landing, args.as_of)
+    print(where)
+    return code
+
+
+def pipeline(config: Config, landing: Path, as_of: int | None) -> tuple[int, str]:
+    """Ingest, reconcile, quality, report; return the exit code and where the dashboard and Data Docs are."""
     ingest.validate_landing(landing)
     now = dt.datetime.now(dt.UTC)
     run_id = ingest.new_run_id(now)
@@ -35,16 +41,15 @@ def run_pipeline(args: argparse.Namespace, config: Config) -> int:
         tallies = ingest.ingest_landing(spark, config, landing, run_id, now.replace(tzinfo=None))
         print(ingest.summary(run_id, tallies))
         log.info("[2/4] reconcile")
-        counts = reconcile.reconcile(spark, config, args.as_of)
+        counts = reconcile.reconcile(spark, config, as_of)
         print(reconcile.summary(counts))
         log.info("[3/4] quality")
         checked = quality.check_quality(spark, config, ingest.new_run_id(now, "quality"), now.replace(tzinfo=None))
         print(quality.summary(checked))
         log.info("[4/4] report")
         dashboard = report.write_report(spark, config)
-    print(f"dashboard: {dashboard}")
-    print(f"Data Docs: {checked.docs}")
-    return quality.EXIT_BLOCKING if checked.blocking_failures else 0
+    code = quality.EXIT_BLOCKING if checked.blocking_failures else 0
+    return code, f"dashboard: {dashboard}\nData Docs: {checked.docs}"
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,9 +70,10 @@ def demo(args: argparse.Namespace, config: Config) -> int:
     sim = argparse.Namespace(out=args.out, transactions=args.transactions, seed=args.seed, profile=args.profile,
                              format="jsonl", rate=None, records_per_file=250_000, benchmark=False)  # fmt: skip
     simulate.run(sim, config)
-    ran = run_pipeline(argparse.Namespace(landing=args.out, as_of=None), config)
+    ran, where = pipeline(config, args.out, None)
     log.info("demo: score against %s", args.out / "_truth")
     scored = score.run(argparse.Namespace(truth=args.out), config)
+    print(where)
     return ran or scored
 
 
