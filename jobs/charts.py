@@ -60,7 +60,7 @@ def _frame(title: str, body: list[str], y_max: float, y_label: str, legend: Sequ
     for i, name in enumerate(legend):
         parts.append(f'<rect x="{x}" y="{HEIGHT - 14}" width="10" height="10" fill="{color(i)}"/>')
         parts.append(f'<text class="legend" x="{x + 14}" y="{HEIGHT - 5}">{escape(name)}</text>')
-        x += 22 + 7 * len(name)
+        x += 24 + 8 * len(name)  # 11px capitals are about 8px wide
     parts.append("</svg>")
     return "\n".join(parts)
 

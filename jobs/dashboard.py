@@ -85,7 +85,9 @@ def render(data: dict[str, Any]) -> str:
                  + _table("ingest-runs", data["ingest_runs"], title="Ingest runs")
                  + _table("reconcile-runs", data["reconcile_runs"], title="Reconcile runs (anomalies table history)")),
     ]  # fmt: skip
-    as_of_text = "n/a" if as_of is None else f"{time_label(as_of, 1000)} ({as_of})"
+    as_of_text = (
+        "n/a" if as_of is None else f"{dt.datetime.fromtimestamp(as_of / 1000, dt.UTC):%Y-%m-%d %H:%M:%S} UTC ({as_of})"
+    )
     head = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>txn-recon: {escape(data['database'])}</title><style>{CSS}</style></head><body>"
