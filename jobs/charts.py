@@ -38,11 +38,27 @@ def color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 
 
+def _legend(names: Sequence[str]) -> tuple[list[str], int]:
+    """Legend entries in rows below the plot; returns the markup and the extra height the rows need."""
+    parts, x, row = [], LEFT, 0
+    for i, name in enumerate(names):
+        width = 24 + 8 * len(name)  # 11px capitals are about 8px wide
+        if x > LEFT and x + width > WIDTH - RIGHT:
+            x, row = LEFT, row + 1
+        y = HEIGHT - 14 + 16 * row
+        parts.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{color(i)}"/>')
+        parts.append(f'<text class="legend" x="{x + 14}" y="{y + 9}">{escape(name)}</text>')
+        x += width
+    return parts, 16 * row
+
+
 def _frame(title: str, body: list[str], y_max: float, y_label: str, legend: Sequence[str]) -> str:
     plot_h = HEIGHT - TOP - BOTTOM
+    legend_parts, extra = _legend(legend)
+    height = HEIGHT + extra
     parts = [
-        f'<svg class="chart" role="img" aria-label="{escape(title)}" viewBox="0 0 {WIDTH} {HEIGHT}" '
-        f'width="{WIDTH}" height="{HEIGHT}" xmlns="http://www.w3.org/2000/svg">',
+        f'<svg class="chart" role="img" aria-label="{escape(title)}" viewBox="0 0 {WIDTH} {height}" '
+        f'width="{WIDTH}" height="{height}" xmlns="http://www.w3.org/2000/svg">',
         f'<line class="axis" x1="{LEFT}" y1="{TOP + plot_h}" x2="{WIDTH - RIGHT}" y2="{TOP + plot_h}"/>',
         f'<line class="axis" x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + plot_h}"/>',
     ]
@@ -55,12 +71,7 @@ def _frame(title: str, body: list[str], y_max: float, y_label: str, legend: Sequ
         f'<text class="label" x="14" y="{TOP + plot_h / 2:.0f}" transform="rotate(-90 14 {TOP + plot_h / 2:.0f})" '
         f'text-anchor="middle">{escape(y_label)}</text>'
     )
-    parts += body
-    x = LEFT
-    for i, name in enumerate(legend):
-        parts.append(f'<rect x="{x}" y="{HEIGHT - 14}" width="10" height="10" fill="{color(i)}"/>')
-        parts.append(f'<text class="legend" x="{x + 14}" y="{HEIGHT - 5}">{escape(name)}</text>')
-        x += 24 + 8 * len(name)  # 11px capitals are about 8px wide
+    parts += body + legend_parts
     parts.append("</svg>")
     return "\n".join(parts)
 

@@ -13,6 +13,7 @@ from html import escape
 from typing import Any
 
 from jobs.charts import stacked_bars, time_label, timeline
+from schemas.quality import ANOMALY_TYPES
 
 STATE_ORDER = ("COMMITTED", "ROLLED_BACK", "DISCARDED", "PENDING")
 
@@ -64,7 +65,7 @@ def render(data: dict[str, Any]) -> str:
                  over_time_chart("transactions by state", data["states_over_time"], STATE_ORDER),
                  "By the time of the first half copy (or of the commit, for a commit with no half)."),
         _section("Anomalies by type over time", "anomaly-types",
-                 over_time_chart("anomalies by type", data["anomalies_over_time"], ())),
+                 over_time_chart("anomalies by type", data["anomalies_over_time"], ANOMALY_TYPES)),
         _section("Stuck halves", "stuck",
                  stacked_bars("stuck-half age", [b for b, _ in data["stuck_age_bins"]],
                               {"stuck halves": [n for _, n in data["stuck_age_bins"]]}, "halves")
@@ -120,7 +121,7 @@ def over_time_chart(title: str, over_time: dict[str, Any], order: Sequence[str])
         return stacked_bars(title, [], {})
     first, last = min(b for b, _, _ in counts), max(b for b, _, _ in counts)
     buckets = list(range(first, last + width, width))
-    groups = [g for g in order if any(c[1] == g for c in counts)]
+    groups = list(order)  # every known group, present or not, so each keeps its colour across pages
     groups += sorted({c[1] for c in counts} - set(groups))
     index = {b: i for i, b in enumerate(buckets)}
     series = {g: [0] * len(buckets) for g in groups}
