@@ -100,16 +100,19 @@ def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
 def _anomaly_tables(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
     kind = F.col("anomaly_type")
     stuck = keyed.where(kind == "STUCK_HALF").withColumn("age_ms", _detail("age_ms").cast("long"))
-    stuck_columns: list[str | Column] = ["broker_name", "uniq_key", "age_ms", "producer_group", _detail("check_times"),
-                     _detail("broker_still_checking"), "event_ts", "anomaly_id"]  # fmt: skip
+    stuck_columns: list[str | Column] = [
+        "broker_name", "uniq_key", "age_ms", "producer_group",
+        _detail("check_times"), _detail("broker_still_checking"), "event_ts", "anomaly_id",
+    ]  # fmt: skip
     txn_columns = ["anomaly_type", "reason", "broker_name", "uniq_key", "producer_group", "real_topic", "state",
                    "event_ts", "detail", "anomaly_id"]  # fmt: skip
     latest = (F.desc("event_ts"), "anomaly_id")
     regressions = keyed.where(kind == "OFFSET_REGRESSION")
-    regression_columns: list[str | Column] = ["consumer_group", "topic", "queue_id", "broker_name", "event_ts",
-                                              _detail("from_offset"),
-                          _detail("to_offset"), _detail("redelivery_estimate"), _detail("client_before"),
-                          _detail("client_after"), "anomaly_id"]  # fmt: skip
+    regression_columns: list[str | Column] = [
+        "consumer_group", "topic", "queue_id", "broker_name", "event_ts",
+        _detail("from_offset"), _detail("to_offset"), _detail("redelivery_estimate"),
+        _detail("client_before"), _detail("client_after"), "anomaly_id",
+    ]  # fmt: skip
     by_queue = ("consumer_group", "topic", "queue_id", "event_ts")
     return {
         "stuck_age_bins": _age_bins(stuck),

@@ -127,6 +127,7 @@ def _check_times(low: int, high: int) -> Expectation:
 
 
 def suite_names() -> tuple[str, ...]:
+    """The suites' names, which do not depend on the broker settings."""
     return tuple(s.name for s in suites(check_max=15))
 
 
