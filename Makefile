@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup jars browser lint test run bench-sim bench-ingest bench-reconcile clean
+.PHONY: setup jars browser airflow package lint test run bench bench-sim bench-ingest bench-reconcile clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,14 +31,34 @@ browser:
 	  $(SUDO) apt-get install -y -q chromium chromium-driver || \
 	  { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium chromium-driver; }; }
 
+# Airflow only parses the example DAG in a test; its own virtualenv keeps its pins away from ours.
+AIRFLOW_VENV := .venv-airflow
+AIRFLOW_PINS := apache-airflow==3.3.2 apache-airflow-providers-apache-spark==6.3.4
+$(AIRFLOW_VENV)/.installed-stamp: Makefile
+	$(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/python -m pip install -q --upgrade pip
+	$(AIRFLOW_VENV)/bin/python -m pip install -q $(AIRFLOW_PINS)
+	touch $@
+airflow: $(AIRFLOW_VENV)/.installed-stamp
+
+# The project zip for spark-submit --py-files: dist/txn_recon.zip.
+package: setup
+	$(BIN)/python -m jobs.package
+
 # Two workers, one test file each at a time: Spark tests wait on latency as much as on CPU.
-test: lint browser
+test: lint browser airflow
 	$(BIN)/pytest -n 2 --dist loadfile
 
 # The main job: simulate the default profile (100,000 transactions) into landing/demo, ingest,
 # reconcile, check data quality, write the dashboard, and score the anomalies against the model's truth.
 run: setup
 	$(BIN)/txn-recon demo --out landing/demo --transactions 100000 --profile default
+
+# Ingest and reconcile at 1M and 5M transactions, then 1% more events reconciled incrementally:
+# per-stage wall time, throughput and peak driver memory, also in artifacts/bench.json. Landings are
+# kept in landing/bench-N for the next run. BENCH_TRANSACTIONS="1000000" for the smaller size only.
+bench: setup
+	$(BIN)/python -m tests.bench.bench_pipeline
 
 # Simulation throughput and memory: one million transactions of the default profile, one core.
 bench-sim: setup

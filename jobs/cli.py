@@ -1,12 +1,16 @@
 """`txn-recon`: one entry point, a subcommand per job (DESIGN §4).
 
-Every user error becomes one line on stderr and exit code 2; a Spark failure, one line and exit 1.
+Every error is one line on stderr. Exit codes, for schedulers: 0 done; 1 failed (a Spark or
+environment failure; score: a mismatch); 2 bad input or configuration, fix and rerun; 3 a blocking
+data-quality suite failed; 4 the warehouse is busy (another job holds it, or changed a table while
+this one wrote it), rerun later; 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -14,8 +18,12 @@ from typing import Any, NoReturn
 from jobs import ingest, pipeline, quality, reconcile, report, score, simulate, spark_conf, sql
 from jobs.config import ENVIRONMENTS, load_config
 from jobs.errors import TxnReconError
+from jobs.lock import LockedError
 
 log = logging.getLogger("txn_recon")
+EXIT_BUSY = 4
+# Delta's conflict errors: its error classes and its exception names.
+CONCURRENT = re.compile(r"\b(DELTA_CONCURRENT_\w+|Concurrent\w*Exception|(Protocol|Metadata)ChangedException)")
 
 Job = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace, Any], int], str]
 
@@ -75,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides = {"warehouse": args.warehouse} if args.warehouse else None
         config = load_config(args.conf, env=args.env, overrides=overrides)
         return int(args.run(args, config))
+    except LockedError as e:
+        print(f"{prog}: busy: {e}", file=sys.stderr)
+        return EXIT_BUSY
     except TxnReconError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
@@ -85,6 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        if CONCURRENT.search(first):  # Delta's conflict detection: the warehouse has no lock (not local)
+            print(f"{prog}: busy: another job changed a table this one was writing ({first}); rerun later",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_BUSY
         print(f"{prog}: failed: {type(e).__name__}: {first} (rerun with --debug for details)", file=sys.stderr)
         return 1
 

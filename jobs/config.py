@@ -22,7 +22,17 @@ import yaml
 from jobs.errors import ConfigError
 from schemas.quality import suite_names
 
-CONF_DIR = Path(os.environ.get("TXN_RECON_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
+
+def _conf_dir() -> Path:
+    """TXN_RECON_CONF_DIR; else conf/ beside the packages (a checkout); else conf/ in the working folder
+    (the packages imported from the spark-submit zip, which holds no YAML)."""
+    if "TXN_RECON_CONF_DIR" in os.environ:
+        return Path(os.environ["TXN_RECON_CONF_DIR"])
+    beside = Path(__file__).resolve().parent.parent / "conf"
+    return beside if beside.is_dir() else Path.cwd() / "conf"
+
+
+CONF_DIR = _conf_dir()
 ENVIRONMENTS = ("local", "cluster")
 
 

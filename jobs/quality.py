@@ -32,6 +32,7 @@ from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.ingest import new_run_id
 from jobs.lock import warehouse_lock
+from jobs.reconcile import latest_as_of
 from jobs.session import build_session
 from schemas.bronze import BRONZE
 from schemas.quality import DQ_RESULTS, Expectation, Suite, suites
@@ -184,7 +185,7 @@ def _cross_batches(spark: SparkSession, config: Config, cross: list[Suite], outc
         outcome.skipped += [(s.name, "needs bronze, txn_lifecycle and offset_commits") for s in cross]
         return []
     t = {k: spark.table(v) for k, v in names.items()}
-    as_of = t["lifecycle"].agg(F.max("as_of")).collect()[0][0]
+    as_of = latest_as_of(spark, config)
     views = {
         "op_references": op_references(t["op"], t["half"]),
         "commit_references": commit_references(t["real"], t["half"]),
@@ -194,7 +195,7 @@ def _cross_batches(spark: SparkSession, config: Config, cross: list[Suite], outc
             t["lifecycle"], t["offset_commits"], t["half"], t["real"], t["offset"], int(as_of)
         )
     else:
-        outcome.skipped.append(("lifecycle_totals", "txn_lifecycle is empty"))
+        outcome.skipped.append(("lifecycle_totals", "no reconcile run yet"))
     return [Batch(s, views[s.name], None, "full") for s in cross if s.name in views]
 
 

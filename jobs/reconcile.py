@@ -1,55 +1,88 @@
-"""`txn-recon reconcile [--as-of EPOCH_MS]`: bronze into txn_lifecycle and offset_commits (silver) and
-the anomalies (gold), as of one data time (DESIGN §2).
+"""`txn-recon reconcile [--as-of EPOCH_MS] [--full]`: bronze into txn_lifecycle and offset_commits (silver)
+and the anomalies (gold), as of one data time (DESIGN §2).
 
 `as_of` is the argument, else the largest store/commit timestamp in bronze: wall-clock time never
-enters a result, so a rerun on the same tables gives the same output. Silver tables are replaced;
-anomalies are merged by anomaly_id, so a finding that no longer holds leaves the current view (Delta
-history keeps it) and an unchanged one is not rewritten.
+enters a result, so a rerun on the same tables gives the same output.
+
+A run is incremental when it can be: it reads bronze's Change Data Feed since the versions the last
+run read, recomputes only the transactions and queues `transforms.scope` names, and merges them in,
+leaving the tables exactly as a full recompute would. It is full when asked (`--full`), on the first
+run, when as_of goes back, when the rules changed, when bronze saw anything but appends, or when the
+output tables changed after the last run recorded them (a run that died half-way, or a hand edit).
+Every run appends a row to `reconcile_runs`; anomalies are always merged by anomaly_id, so a finding
+that no longer holds leaves the current view (Delta history keeps it) and an unchanged one stays.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as dt
+import json
 import logging
 import sys
 import time
+from dataclasses import dataclass
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from jobs.catalog import create_table
 from jobs.config import Config
 from jobs.errors import TxnReconError
+from jobs.ingest import new_run_id
 from jobs.lock import warehouse_lock
 from jobs.session import build_session
 from schemas.bronze import BRONZE
-from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, TXN_LIFECYCLE
-from transforms.anomalies import all_anomalies, offset_commits
+from schemas.model import Schema
+from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, RECONCILE_RUNS, TXN_LIFECYCLE
+from schemas.spark import to_struct
+from transforms.anomalies import OFFSET_KEY, all_anomalies, offset_commits, offset_regressions, transaction_anomalies
 from transforms.frames import union_all
-from transforms.lifecycle import (
-    Rules,
-    commits,
-    discards,
-    lifecycle,
-    resolved_offsets,
-    transactions,
-    up_to,
-    with_resolution,
-)
+from transforms.lifecycle import ID, Rules, facts, lifecycle, resolutions, resolved_offsets, up_to
+from transforms.scope import facts_of, touched_queues, touched_transactions
 
 log = logging.getLogger(__name__)
+
+TIME = {"half": "store_timestamp", "op": "store_timestamp", "real": "store_timestamp", "offset": "commit_timestamp"}
+OUTPUTS = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES)
+# Bronze history entries that only add rows (or move them without changing data).
+APPEND_ONLY = {"WRITE": "Append", "OPTIMIZE": None, "CREATE TABLE": None, "SET TBLPROPERTIES": None}
+# Recomputing a part costs about as much as the whole once it is a quarter of a large table; the
+# part's keys are also broadcast to every task, which a million of them still fits.
+FULL_ABOVE_SHARE, FULL_ABOVE_KEYS = 0.25, 1_000_000
+
+
+@dataclass(frozen=True)
+class Bronze:
+    """Bronze as one run reads it: every table at the Delta version current when the run began."""
+
+    tables: dict[str, str]  # stream -> catalog name
+    versions: dict[str, int]
+    frames: dict[str, DataFrame]
+
+
+@dataclass(frozen=True)
+class Written:
+    mode: str
+    reason: str | None
+    transactions: int
+    queues: int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--as-of", type=int, metavar="EPOCH_MS", help="data time (default: the latest event)")
+    parser.add_argument("--full", action="store_true", help="recompute everything instead of what changed")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
     with warehouse_lock(config, "reconcile"):
         spark = build_session(config)
-        counts = reconcile(spark, config, args.as_of)
+        counts = reconcile(spark, config, args.as_of, full=args.full)
     print(summary(counts))
     return 0
 
@@ -60,70 +93,286 @@ def rules_from(config: Config) -> Rules:
     return Rules(**{k: v for k, v in settings.items() if k in fields})
 
 
-def reconcile(spark: SparkSession, config: Config, as_of: int | None = None) -> dict[str, int]:
+def reconcile(spark: SparkSession, config: Config, as_of: int | None = None, full: bool = False) -> dict[str, int]:
     """Compute and write silver and gold; return the anomaly count per type in the current view."""
-    tables = {s: config.table(b.name) for s, b in BRONZE.items()}
-    missing = [t for t in tables.values() if not spark.catalog.tableExists(t)]
-    if missing:
-        raise TxnReconError(f"no bronze tables yet ({', '.join(missing)}); run `txn-recon ingest` first")
-    bronze = {s: spark.table(t) for s, t in tables.items()}
+    started_at = dt.datetime.now(dt.UTC)
+    started = time.perf_counter()
+    bronze = read_bronze(spark, config)
     if as_of is None:
-        as_of = latest_event(bronze)
+        as_of = latest_event(bronze.frames)
         if as_of is None:
             raise TxnReconError("bronze holds no events yet; nothing to reconcile")
     rules = rules_from(config)
-    started = time.perf_counter()
-    log.info("reconcile as of %d", as_of)
-    half, op, real, offset = (
-        bronze["half"].transform(up_to(as_of, "store_timestamp")),
-        bronze["op"].transform(up_to(as_of, "store_timestamp")),
-        bronze["real"].transform(up_to(as_of, "store_timestamp")),
-        bronze["offset"].transform(up_to(as_of, "commit_timestamp")),
-    )
-    copies = half.transform(with_resolution(resolved_offsets(op)))
-    life = transactions(copies).transform(lifecycle(commits(real), discards(real), as_of, rules)).persist()
-    commits_df = offset.transform(offset_commits(as_of)).persist()
-    try:
-        _replace(spark, config, TXN_LIFECYCLE.name, life)
-        log.info("  txn_lifecycle written (%.1f s)", time.perf_counter() - started)
-        _replace(spark, config, OFFSET_COMMITS.name, commits_df)
-        log.info("  offset_commits written (%.1f s)", time.perf_counter() - started)
-        merge_anomalies(spark, config, all_anomalies(life, commits_df, real, as_of, rules))
-        log.info("  anomalies merged (%.1f s)", time.perf_counter() - started)
-    finally:
-        life.unpersist()
-        commits_df.unpersist()
+    rebuilt = ensure_outputs(spark, config)
+    last = last_run(spark, config)
+    reason = "--full" if full else rebuilt or why_full(spark, config, bronze, last, as_of, rules)
+    written = None
+    if reason is None and last is not None:
+        log.info("reconcile as of %d: incremental since run %s", as_of, last["run_id"])
+        try:
+            written = incremental(spark, config, bronze, last, as_of, rules)
+            reason = "the changes touch most transactions" if written is None else None
+        except (PySparkException, Py4JJavaError) as e:  # e.g. change data removed by VACUUM; full is always safe
+            reason = f"the incremental run failed ({_first_line(e)})"
+            log.warning("  %s", reason)
+    if written is None:
+        log.info("reconcile as of %d: full (%s)", as_of, reason)
+        written = recompute(spark, config, bronze, as_of, rules, reason or "")
+    record_run(spark, config, bronze, as_of, rules, written, started_at)
+    log.info("reconcile done: %s, %d transactions, %d queues (%.1f s)", written.mode, written.transactions,
+             written.queues, time.perf_counter() - started)  # fmt: skip
     found = spark.table(config.table(ANOMALIES.name)).groupBy("anomaly_type").count().collect()
     return {r["anomaly_type"]: r["count"] for r in found}
 
 
+def read_bronze(spark: SparkSession, config: Config) -> Bronze:
+    tables = {s: config.table(b.name) for s, b in BRONZE.items()}
+    missing = [t for t in tables.values() if not spark.catalog.tableExists(t)]
+    if missing:
+        raise TxnReconError(f"no bronze tables yet ({', '.join(missing)}); run `txn-recon ingest` first")
+    versions = {s: table_version(spark, t) for s, t in tables.items()}
+    frames = {s: spark.sql(f"SELECT * FROM {t} VERSION AS OF {versions[s]}") for s, t in tables.items()}
+    return Bronze(tables, versions, frames)
+
+
+def table_version(spark: SparkSession, table: str) -> int:
+    return int(spark.sql(f"DESCRIBE HISTORY {table} LIMIT 1").collect()[0]["version"])
+
+
 def latest_event(bronze: dict[str, DataFrame]) -> int | None:
     """The default as_of: the largest store_timestamp / commit_timestamp in bronze."""
-    parts = [bronze[s].agg(F.max("store_timestamp").alias("t")) for s in ("half", "op", "real")]
-    parts.append(bronze["offset"].agg(F.max("commit_timestamp").alias("t")))
+    parts = [bronze[s].agg(F.max(TIME[s]).alias("t")) for s in TIME]
     value = union_all(parts).agg(F.max("t")).collect()[0][0]
     return int(value) if value is not None else None
 
 
-def _replace(spark: SparkSession, config: Config, name: str, df: DataFrame) -> None:
-    """Replace a silver table's rows (INSERT OVERWRITE keeps its definition; history keeps the past)."""
-    schema = {"txn_lifecycle": TXN_LIFECYCLE, "offset_commits": OFFSET_COMMITS}[name]
-    create_table(spark, config, schema)
-    df.select(*schema.names).write.insertInto(config.table(name), overwrite=True)
+def ensure_outputs(spark: SparkSession, config: Config) -> str | None:
+    """Create the output tables that are missing. One whose columns differ from its schema (written by an
+    older version) is derived data: it is dropped and rebuilt, and the reason is returned."""
+    reason = None
+    for schema in OUTPUTS:
+        table = config.table(schema.name)
+        if spark.catalog.tableExists(table) and not _same_columns(spark.table(table).schema, schema):
+            log.warning("  %s has other columns than this version writes; rebuilding it", table)
+            spark.sql(f"DROP TABLE {table}")
+            reason = f"{schema.name} was rebuilt with new columns"
+        # Deletion vectors let a merge mark changed rows instead of rewriting every file holding one.
+        create_table(spark, config, schema, properties={"delta.enableDeletionVectors": "true"})
+    create_table(spark, config, RECONCILE_RUNS)
+    return reason
 
 
-def merge_anomalies(spark: SparkSession, config: Config, found: DataFrame) -> None:
-    """Upsert by anomaly_id; delete what no longer holds; leave unchanged rows untouched."""
-    create_table(spark, config, ANOMALIES)
-    changed = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in ANOMALIES.names[1:])
+def _same_columns(actual: T.StructType, schema: Schema) -> bool:
+    return [(f.name, f.dataType) for f in actual.fields] == [(f.name, f.dataType) for f in to_struct(schema).fields]
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def last_run(spark: SparkSession, config: Config) -> Row | None:
+    rows = spark.table(config.table(RECONCILE_RUNS.name)).orderBy(F.desc("finished_at")).limit(1).collect()
+    return rows[0] if rows else None
+
+
+def latest_as_of(spark: SparkSession, config: Config) -> int | None:
+    """The data time of the last reconcile run, if any."""
+    if not spark.catalog.tableExists(config.table(RECONCILE_RUNS.name)):
+        return None
+    last = last_run(spark, config)
+    return None if last is None else int(last["as_of"])
+
+
+def rules_json(rules: Rules) -> str:
+    return json.dumps(dataclasses.asdict(rules), sort_keys=True)
+
+
+def why_full(
+    spark: SparkSession, config: Config, bronze: Bronze, last: Row | None, as_of: int, rules: Rules
+) -> str | None:
+    """Why this run cannot build on the last one, or None when it can."""
+    if last is None:
+        return "no earlier run"
+    if as_of < last["as_of"]:
+        return f"as_of {as_of} is before the last run's {last['as_of']}"
+    if last["rules"] != rules_json(rules):
+        return "the rules changed since the last run"
+    for schema in OUTPUTS:
+        version, recorded = table_version(spark, config.table(schema.name)), last[f"{schema.name}_version"]
+        if version != recorded:
+            return f"{schema.name} is at version {version}, the last run left it at {recorded}"
+    for stream, table in bronze.tables.items():
+        since, now = last[f"{stream}_version"], bronze.versions[stream]
+        if now < since:
+            return f"{table} is at version {now}, older than the {since} the last run read"
+        if now > since:
+            history = spark.sql(f"DESCRIBE HISTORY {table}").where(F.col("version") > since)
+            for h in history.select("version", "operation", "operationParameters").collect():
+                mode = APPEND_ONLY.get(h["operation"], "?")
+                if mode is not None and (h["operationParameters"] or {}).get("mode") != mode:
+                    return f"{table} had a {h['operation']} at version {h['version']}, not only appends"
+    return None
+
+
+def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[str, DataFrame]:
+    """Every output table computed from bronze alone: what a full run writes, by table name."""
+    half, op, real, offset = (frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
+    life = facts(half, resolutions(half, resolved_offsets(op)), real).transform(lifecycle(as_of, rules))
+    commits_df = offset_commits(offset)
+    return {
+        TXN_LIFECYCLE.name: life,
+        OFFSET_COMMITS.name: commits_df,
+        ANOMALIES.name: all_anomalies(life, commits_df, real, as_of, rules),
+    }
+
+
+def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, rules: Rules, reason: str) -> Written:
+    """Everything from bronze: silver replaced, anomalies merged whole."""
+    view = full_view(bronze.frames, as_of, rules)
+    # Cached once: the anomalies and both writes read them (Spark swaps the cache into every plan using them).
+    life, commits_df = view[TXN_LIFECYCLE.name].persist(), view[OFFSET_COMMITS.name].persist()
+    try:
+        merge_anomalies(spark, config, view[ANOMALIES.name], as_of)
+        _replace(spark, config, OFFSET_COMMITS, commits_df)
+        _replace(spark, config, TXN_LIFECYCLE, life)
+        return Written("full", reason, life.count(), commits_df.select(*OFFSET_KEY).distinct().count())
+    finally:
+        life.unpersist()
+        commits_df.unpersist()
+
+
+def incremental(
+    spark: SparkSession, config: Config, bronze: Bronze, last: Row, as_of: int, rules: Rules
+) -> Written | None:
+    """Only what changed since `last`; None when that is most of the data (a full run is then cheaper)."""
+    half, op, real, offset = (bronze.frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
+    new = {s: new_rows(spark, bronze, s, last, as_of) for s in TIME}
+    current = spark.table(config.table(TXN_LIFECYCLE.name))
+    keys = touched_transactions(new["half"], new["op"], new["real"], half, current).persist()
+    queues = touched_queues(new["offset"]).persist()
+    try:
+        n_keys, n_queues = keys.count(), queues.count()
+        log.info("  %d transactions and %d queues to recompute", n_keys, n_queues)
+        if n_keys > FULL_ABOVE_KEYS and n_keys > FULL_ABOVE_SHARE * current.count():
+            return None
+        life = facts_of(keys, half, op, real).transform(lifecycle(as_of, rules)).persist()
+        commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).persist()
+        try:
+            kept = spark.table(config.table(OFFSET_COMMITS.name)).join(
+                F.broadcast(queues), on=OFFSET_KEY, how="left_anti"
+            )
+            every_commit = union_all([kept.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
+            found = transaction_anomalies(life, as_of, rules).unionByName(
+                every_commit.transform(offset_regressions(real, as_of))
+            )
+            merge_anomalies(spark, config, found, as_of, scope=keys)
+            _merge(spark, config, OFFSET_COMMITS, commits_q, list(OFFSET_COMMITS.names[:8]))
+            _merge(spark, config, TXN_LIFECYCLE, life, ID)
+        finally:
+            life.unpersist()
+            commits_q.unpersist()
+        return Written("incremental", None, n_keys, n_queues)
+    finally:
+        keys.unpersist()
+        queues.unpersist()
+
+
+def new_rows(spark: SparkSession, bronze: Bronze, stream: str, last: Row, as_of: int) -> DataFrame:
+    """Rows the last run did not see: appended since the version it read (Change Data Feed), or already
+    there but after its as_of; in both cases up to this run's as_of."""
+    ts, frame = F.col(TIME[stream]), bronze.frames[stream]
+    window = frame.where((ts > last["as_of"]) & (ts <= as_of))
+    since, now = last[f"{stream}_version"], bronze.versions[stream]
+    if since == now:
+        return window
+    added = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", since + 1)
+        .option("endingVersion", now)
+        .table(bronze.tables[stream])
+        .where((F.col("_change_type") == "insert") & (ts <= as_of))
+    )
+    return window.unionByName(added.select(*frame.columns))
+
+
+def _replace(spark: SparkSession, config: Config, schema: Schema, df: DataFrame) -> None:
+    """Replace a table's rows (INSERT OVERWRITE keeps its definition; history keeps the past)."""
+    df.select(*schema.names).write.insertInto(config.table(schema.name), overwrite=True)
+
+
+def _changed(names: tuple[str, ...] | list[str]) -> str:
+    return " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in names)
+
+
+def _merge(spark: SparkSession, config: Config, schema: Schema, df: DataFrame, key: list[str]) -> None:
+    """Upsert recomputed rows by key; rows of a transaction or queue never disappear as as_of grows."""
+    on = " AND ".join(f"t.{c} <=> s.{c}" for c in key)
     (
-        DeltaTable.forName(spark, config.table(ANOMALIES.name)).alias("t")
-        .merge(found.alias("s"), "t.anomaly_id = s.anomaly_id")
-        .whenMatchedUpdateAll(condition=changed)
+        DeltaTable.forName(spark, config.table(schema.name)).alias("t")
+        .merge(df.select(*schema.names).alias("s"), on)
+        .whenMatchedUpdateAll(condition=_changed([c for c in schema.names if c not in key]))
         .whenNotMatchedInsertAll()
-        .whenNotMatchedBySourceDelete()
         .execute()
     )  # fmt: skip
+
+
+def merge_anomalies(
+    spark: SparkSession, config: Config, found: DataFrame, as_of: int, scope: DataFrame | None = None
+) -> None:
+    """Upsert by anomaly_id and leave unchanged rows untouched; delete what no longer holds. With `scope`
+    (the recomputed transactions; regressions are always recomputed), only rows in scope can go, and
+    the rows outside it take the new as_of, as a full run would give them."""
+    table = config.table(ANOMALIES.name)
+    columns: dict[str, str | Column] = {c: f"s.{c}" for c in ANOMALIES.names}
+    changed = _changed(ANOMALIES.names[1:])
+    target = DeltaTable.forName(spark, table).alias("t")
+    if scope is None:
+        (
+            target.merge(found.alias("s"), "t.anomaly_id = s.anomaly_id")
+            .whenMatchedUpdate(condition=changed, set=columns)
+            .whenNotMatchedInsert(values=columns)
+            .whenNotMatchedBySourceDelete()
+            .execute()
+        )  # fmt: skip
+        return
+    found = found.persist()
+    try:
+        existing = spark.table(table)
+        in_scope = union_all([
+            existing.where(F.col("anomaly_type") != "OFFSET_REGRESSION").join(F.broadcast(scope), on=ID,
+                                                                              how="left_semi"),
+            existing.where(F.col("anomaly_type") == "OFFSET_REGRESSION"),
+        ])  # fmt: skip
+        gone = in_scope.join(found.select("anomaly_id"), on="anomaly_id", how="left_anti")
+        source = found.withColumn("_gone", F.lit(False)).unionByName(gone.withColumn("_gone", F.lit(True)))
+        (
+            target.merge(source.alias("s"), "t.anomaly_id = s.anomaly_id")
+            .whenMatchedDelete(condition="s._gone")
+            .whenMatchedUpdate(condition=changed, set=columns)
+            .whenNotMatchedInsert(condition="NOT s._gone", values=columns)
+            .whenNotMatchedBySourceUpdate(condition=f"t.as_of <> {as_of}", set={"as_of": F.lit(as_of)})
+            .execute()
+        )  # fmt: skip
+    finally:
+        found.unpersist()
+
+
+def record_run(
+    spark: SparkSession, config: Config, bronze: Bronze, as_of: int, rules: Rules, written: Written,
+    started_at: dt.datetime,
+) -> None:  # fmt: skip
+    row = {
+        "run_id": new_run_id(started_at, "reconcile"), "mode": written.mode, "reason": written.reason,
+        "as_of": as_of, "rules": rules_json(rules), "transactions": written.transactions, "queues": written.queues,
+        **{f"{s}_version": v for s, v in bronze.versions.items()},
+        **{f"{s.name}_version": table_version(spark, config.table(s.name)) for s in OUTPUTS},
+        "started_at": started_at.replace(tzinfo=None), "finished_at": dt.datetime.now(dt.UTC).replace(tzinfo=None),
+    }  # fmt: skip
+    spark.createDataFrame([row], to_struct(RECONCILE_RUNS)).write.format("delta").mode("append").saveAsTable(
+        config.table(RECONCILE_RUNS.name)
+    )
 
 
 def summary(counts: dict[str, int]) -> str:

@@ -25,6 +25,7 @@ from jobs.charts import bucket_ms
 from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.lock import warehouse_lock
+from jobs.reconcile import latest_as_of
 from jobs.session import build_session
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
         data: dict[str, Any] = {
             "database": config.database,
             "generated_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-            "as_of": life.agg(F.max("as_of")).collect()[0][0],
+            "as_of": latest_as_of(spark, config),
             "states": _totals(states),
             "anomaly_counts": _totals(anomalies),
             "states_over_time": states,

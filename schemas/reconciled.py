@@ -24,7 +24,6 @@ TXN_LIFECYCLE = Schema(
         Field("discard_ts", "long", nullable=True, doc="first record in TRANS_CHECK_MAX_TIME_TOPIC"),
         Field("state", "string", doc="COMMITTED, ROLLED_BACK, DISCARDED or PENDING"),
         Field("reason", "string", nullable=True, doc="MAX_CHECKS or EXPIRED when DISCARDED"),
-        Field("as_of", "long"),
     ),
     key=("broker_name", "uniq_key"),
 )
@@ -43,7 +42,6 @@ OFFSET_COMMITS = Schema(
         Field("prev_offset", "long", nullable=True, doc="the queue's previous commit, by (commit_timestamp, seq)"),
         Field("prev_client_id", "string", nullable=True),
         Field("is_regression", "boolean"),
-        Field("as_of", "long"),
     ),
 )
 
@@ -63,4 +61,27 @@ ANOMALIES = Schema(
         Field("detail", "string", doc="a JSON object"),
     ),
     key=("anomaly_id",),
+)
+
+RECONCILE_RUNS = Schema(
+    "reconcile_runs",
+    (
+        Field("run_id", "string"),
+        Field("mode", "string", doc="full or incremental"),
+        Field("reason", "string", nullable=True, doc="why the run was full"),
+        Field("as_of", "long"),
+        Field("rules", "string", doc="the broker settings and thresholds used, as JSON"),
+        Field("transactions", "long", doc="lifecycle rows computed (all of them when full)"),
+        Field("queues", "long", doc="consumer queues whose offset commits were computed"),
+        Field("half_version", "long", doc="the bronze Delta versions read"),
+        Field("op_version", "long"),
+        Field("real_version", "long"),
+        Field("offset_version", "long"),
+        Field("txn_lifecycle_version", "long", doc="the Delta versions written: a later change forces a full run"),
+        Field("offset_commits_version", "long"),
+        Field("anomalies_version", "long"),
+        Field("started_at", "timestamp"),
+        Field("finished_at", "timestamp"),
+    ),
+    key=("run_id",),
 )

@@ -18,7 +18,7 @@ from transforms.anomalies import (
     orphaned_commits,
     stuck_halves,
 )
-from transforms.lifecycle import Rules, commits, discards, lifecycle, resolved_offsets, transactions, with_resolution
+from transforms.lifecycle import Rules, facts, lifecycle, resolutions, resolved_offsets
 
 pytestmark = pytest.mark.spark
 RULES = Rules()
@@ -45,9 +45,7 @@ def commit(uniq: str, qo: int, store: int, prepared: int | None, *, topic: str =
 
 def build(spark: SparkSession, halves: list[Any], ops: list[Any], reals: list[Any], as_of: int) -> DataFrame:
     h, o, r = (spark.createDataFrame(rows, ddl) for rows, ddl in ((halves, HALF), (ops, OP), (reals, REAL)))
-    return transactions(h.transform(with_resolution(resolved_offsets(o)))).transform(
-        lifecycle(commits(r), discards(r), as_of, RULES)
-    )
+    return facts(h, resolutions(h, resolved_offsets(o)), r).transform(lifecycle(as_of, RULES))
 
 
 def states(df: DataFrame) -> dict[str, tuple[Any, ...]]:
@@ -73,9 +71,11 @@ def test_resolution_through_own_offset_prepared_offset_and_out_of_order_op(spark
         half("N", 10, 600),  # never resolved
     ], HALF)  # fmt: skip
     ops = spark.createDataFrame([("b", 0, 0, 30_010, "5,2,"), ("b", 0, 1, 400, "9")], OP)
-    got = {(r["uniq_key"], r["queue_offset"]): r["resolved_ts"]
-           for r in halves.transform(with_resolution(resolved_offsets(ops))).collect()}  # fmt: skip
-    assert got == {("A", 0): None, ("A", 5): 30_010, ("I", 2): 30_010, ("I", 7): 30_010, ("P", 9): 400, ("N", 10): None}
+    life = facts(halves, resolutions(halves, resolved_offsets(ops)), spark.createDataFrame([], REAL))
+    got = {r["uniq_key"]: r["resolved_ts"] for r in life.transform(lifecycle(40_000, RULES)).collect()}
+    assert got == {"A": 30_010, "I": 30_010, "P": 400, "N": None}
+    by_copy = sorted(tuple(r) for r in resolutions(halves, resolved_offsets(ops)).collect())
+    assert by_copy == [("b", "A", 30_010), ("b", "I", 30_010), ("b", "I", 30_010), ("b", "P", 400)]
 
 
 def test_lifecycle_states(spark: SparkSession) -> None:
@@ -134,7 +134,7 @@ def test_commit_anomalies(spark: SparkSession) -> None:
              commit("LATE", 3, 6_000, 200), commit("MIS", 4, 1_800, 999), commit("GHOST", 5, 1_900, 12),
              commit("YOUNG", 6, as_of - 10_000, 400)]  # fmt: skip
     life = build(spark, halves, ops, reals, as_of)
-    found = all_anomalies(life, spark.createDataFrame([], OFFSET).transform(offset_commits(as_of)),
+    found = all_anomalies(life, spark.createDataFrame([], OFFSET).transform(offset_commits),
                           spark.createDataFrame([], REAL), as_of, RULES)  # fmt: skip
     got = {(r["anomaly_type"], r["uniq_key"], r["reason"]): r for r in found.collect()}
     assert set(got) == {
@@ -158,7 +158,7 @@ def test_offset_regressions_order_equal_recommit_and_redelivery(spark: SparkSess
         ("b", "g", "t", 0, 130, 5_000, "c2", 5),
         ("b", "g", "t", 1, 5, 1_000, "c1", None),  # another queue; null seq and client are fine
     ], OFFSET)  # fmt: skip
-    silver = commits_.transform(offset_commits(9_000))
+    silver = commits_.transform(offset_commits)
     flags = [(r["offset"], r["prev_offset"], r["is_regression"])
              for r in silver.where("queue_id = 0").orderBy("commit_timestamp", "seq").collect()]  # fmt: skip
     assert flags == [(100, None, False), (40, 100, True), (120, 40, False), (120, 120, False), (130, 120, False),

@@ -17,6 +17,7 @@ from transforms.frames import union_all
 from transforms.lifecycle import DISCARDED, EXPIRED, MAX_CHECKS, PENDING, Rules, age
 
 OFFSET_KEY = ["broker_name", "consumer_group", "topic", "queue_id"]
+REGRESSION = [*OFFSET_KEY, "commit_timestamp", "seq", "offset", "prev_offset", "client_id", "prev_client_id"]
 
 
 def _json(detail: Column) -> Column:
@@ -102,21 +103,16 @@ def duplicate_commits(as_of: int) -> Callable[[DataFrame], DataFrame]:
     return transform
 
 
-def offset_commits(as_of: int) -> Callable[[DataFrame], DataFrame]:
+def offset_commits(offset_df: DataFrame) -> DataFrame:
     """Silver offset commits: each with the queue's previous commit, ordered by (commit_timestamp, seq)."""
-
-    def transform(offset_df: DataFrame) -> DataFrame:
-        order = Window.partitionBy(*OFFSET_KEY).orderBy("commit_timestamp", "seq", "offset", "client_id")
-        return offset_df.select(
-            *OFFSET_KEY, "offset", "commit_timestamp", "client_id", "seq",
-            F.lag("offset").over(order).alias("prev_offset"),
-            F.lag("client_id").over(order).alias("prev_client_id"),
-        ).select(
-            "*", F.coalesce(F.col("offset") < F.col("prev_offset"), F.lit(False)).alias("is_regression"),
-            F.lit(as_of).alias("as_of"),
-        )  # fmt: skip
-
-    return transform
+    order = Window.partitionBy(*OFFSET_KEY).orderBy("commit_timestamp", "seq", "offset", "client_id")
+    return offset_df.select(
+        *OFFSET_KEY, "offset", "commit_timestamp", "client_id", "seq",
+        F.lag("offset").over(order).alias("prev_offset"),
+        F.lag("client_id").over(order).alias("prev_client_id"),
+    ).select(
+        "*", F.coalesce(F.col("offset") < F.col("prev_offset"), F.lit(False)).alias("is_regression"),
+    )  # fmt: skip
 
 
 def offset_regressions(real_df: DataFrame, as_of: int) -> Callable[[DataFrame], DataFrame]:
@@ -124,16 +120,16 @@ def offset_regressions(real_df: DataFrame, as_of: int) -> Callable[[DataFrame], 
     queue in [to, from), which a consumer starting from `to` receives again."""
 
     def transform(offset_commits_df: DataFrame) -> DataFrame:
-        regressions = offset_commits_df.where("is_regression")
+        regressions = offset_commits_df.where("is_regression").select(*REGRESSION)
         queue = real_df.select("broker_name", "topic", "queue_id", F.col("queue_offset").alias("_qo"))
+        in_range = (F.col("_qo") >= F.col("offset")) & (F.col("_qo") < F.col("prev_offset"))
+        # Regressions are few: broadcast them against the queue's messages, then count per regression
+        # (each also counted with 0 so one without redelivered messages stays; null keys group fine).
+        hits = F.broadcast(regressions).join(queue, on=["broker_name", "topic", "queue_id"]).where(in_range)
         redelivered = (
-            regressions.join(queue, on=["broker_name", "topic", "queue_id"], how="left")
-            .groupBy(*OFFSET_KEY, "commit_timestamp", "seq", "offset", "prev_offset", "client_id", "prev_client_id")
-            .agg(
-                F.count(F.when((F.col("_qo") >= F.col("offset")) & (F.col("_qo") < F.col("prev_offset")), 1)).alias(
-                    "redelivery_estimate"
-                )
-            )
+            union_all([regressions.withColumn("_n", F.lit(0)), hits.select(*REGRESSION, F.lit(1).alias("_n"))])
+            .groupBy(*REGRESSION)
+            .agg(F.sum("_n").alias("redelivery_estimate"))
         )
         detail = F.struct(
             F.col("prev_offset").alias("from_offset"), F.col("offset").alias("to_offset"),
@@ -155,13 +151,19 @@ def offset_regressions(real_df: DataFrame, as_of: int) -> Callable[[DataFrame], 
     return transform
 
 
-def all_anomalies(lifecycle_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int,
-                  rules: Rules) -> DataFrame:  # fmt: skip
-    """Every finding of DESIGN §2 in one DataFrame."""
+def transaction_anomalies(lifecycle_df: DataFrame, as_of: int, rules: Rules) -> DataFrame:
+    """The findings about transactions: every type but OFFSET_REGRESSION."""
     return union_all([
         lifecycle_df.transform(stuck_halves(as_of, rules)),
         lifecycle_df.transform(discarded(as_of)),
         lifecycle_df.transform(orphaned_commits(as_of, rules)),
         lifecycle_df.transform(duplicate_commits(as_of)),
-        offset_commits_df.transform(offset_regressions(real_df, as_of)),
     ])  # fmt: skip
+
+
+def all_anomalies(lifecycle_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int,
+                  rules: Rules) -> DataFrame:  # fmt: skip
+    """Every finding of DESIGN §2 in one DataFrame."""
+    return transaction_anomalies(lifecycle_df, as_of, rules).unionByName(
+        offset_commits_df.transform(offset_regressions(real_df, as_of))
+    )

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from transforms.frames import union_all
+
 DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 ID = ["broker_name", "uniq_key"]
 COMMITTED, ROLLED_BACK, DISCARDED, PENDING = "COMMITTED", "ROLLED_BACK", "DISCARDED", "PENDING"
@@ -41,48 +43,40 @@ def up_to(as_of: int, time_col: str) -> Callable[[DataFrame], DataFrame]:
     return transform
 
 
-def resolved_offsets(op_df: DataFrame) -> DataFrame:
-    """(broker_name, queue_id, half_offset, resolved_ts): each half offset an op lists, first time seen.
+def op_offsets(op_df: DataFrame) -> DataFrame:
+    """(broker_name, queue_id, half_offset, store_timestamp): one row per half offset an op lists.
     Bodies are "17" (<= 5.0) or "17,18,20," (5.1+); empty tokens from the trailing comma are skipped."""
     tokens = op_df.select("broker_name", "queue_id", "store_timestamp", F.explode(F.split("body", ",")).alias("t"))
-    return (
-        tokens.where(F.col("t") != "")
-        .groupBy("broker_name", "queue_id", F.col("t").cast("long").alias("half_offset"))
-        .agg(F.min("store_timestamp").alias("resolved_ts"))
+    return tokens.where(F.col("t") != "").select(
+        "broker_name", "queue_id", F.col("t").cast("long").alias("half_offset"), "store_timestamp"
     )
 
 
-def with_resolution(resolved_df: DataFrame) -> Callable[[DataFrame], DataFrame]:
-    """Half copies plus `resolved_ts`: the first op listing the copy's own or its prepared offset."""
-
-    def transform(half_df: DataFrame) -> DataFrame:
-        own = resolved_df.select("broker_name", "queue_id", F.col("half_offset").alias("queue_offset"),
-                                 F.col("resolved_ts").alias("_own_ts"))  # fmt: skip
-        prepared = resolved_df.select("broker_name", "queue_id", F.col("half_offset").alias("prepared_queue_offset"),
-                                      F.col("resolved_ts").alias("_prepared_ts"))  # fmt: skip
-        return (
-            half_df.join(own, on=["broker_name", "queue_id", "queue_offset"], how="left")
-            .join(prepared, on=["broker_name", "queue_id", "prepared_queue_offset"], how="left")
-            .withColumn("resolved_ts", F.least("_own_ts", "_prepared_ts"))
-            .drop("_own_ts", "_prepared_ts")
-        )
-
-    return transform
+def earliest(op_offsets_df: DataFrame) -> DataFrame:
+    """`op_offsets` reduced to (broker_name, queue_id, half_offset, resolved_ts): the first listing."""
+    return op_offsets_df.groupBy("broker_name", "queue_id", "half_offset").agg(
+        F.min("store_timestamp").alias("resolved_ts")
+    )
 
 
-def transactions(copies_df: DataFrame) -> DataFrame:
-    """One row per transaction with a half: its copies aggregated."""
-    return copies_df.groupBy(*ID).agg(
-        F.min("producer_group").alias("producer_group"),
-        F.min("real_topic").alias("real_topic"),
-        F.min("real_queue_id").alias("real_queue_id"),
-        F.min("born_timestamp").alias("born_ts"),
-        F.min("store_timestamp").alias("first_copy_ts"),
-        F.max("store_timestamp").alias("last_copy_ts"),
-        F.count(F.lit(1)).cast("int").alias("copies"),
-        F.max(F.coalesce("check_times", F.lit(0))).alias("check_times"),
-        F.min("resolved_ts").alias("resolved_ts"),
-        F.collect_set("commit_log_offset").alias("copy_offsets"),
+def resolved_offsets(op_df: DataFrame) -> DataFrame:
+    """Each half offset an op lists, with the first time it was listed."""
+    return earliest(op_offsets(op_df))
+
+
+def copy_lookups(half_df: DataFrame) -> DataFrame:
+    """(broker_name, uniq_key, queue_id, half_offset): the offsets whose listing resolves a copy: its own
+    queue offset and its prepared_queue_offset (an immunity copy is resolved through the original's)."""
+    own_and_prepared = F.explode(F.array("queue_offset", "prepared_queue_offset")).alias("half_offset")
+    return half_df.select(*ID, "queue_id", own_and_prepared).where(F.col("half_offset").isNotNull())
+
+
+def resolutions(half_df: DataFrame, resolved_df: DataFrame) -> DataFrame:
+    """(broker_name, uniq_key, resolved_ts) for every copy offset listed in `resolved_df`."""
+    return (
+        copy_lookups(half_df)
+        .join(resolved_df, on=["broker_name", "queue_id", "half_offset"])
+        .select(*ID, "resolved_ts")
     )
 
 
@@ -95,50 +89,63 @@ def is_commit() -> Column:
     )
 
 
-def commits(real_df: DataFrame) -> DataFrame:
-    """One row per transaction with a final message: count, times, first commit's position."""
-    first = F.min(F.struct("store_timestamp", "topic", "queue_id", "queue_offset"))
-    return (
-        real_df.where(is_commit())
-        .groupBy(*ID)
-        .agg(
-            F.count(F.lit(1)).cast("int").alias("commit_count"),
-            F.sort_array(F.collect_list("store_timestamp")).alias("commit_ts"),
-            first.alias("_first"),
-            F.collect_set("prepared_transaction_offset").alias("prepared_offsets"),
-            F.min("producer_group").alias("commit_producer_group"),
-        )
-        .select(
+# Every event of a transaction becomes one "fact" row of one shape, so a single aggregation by identity
+# builds the lifecycle: one shuffle, where joining per-source aggregates takes three more.
+HALF_FACT, RESOLVED_FACT, COMMIT_FACT, DISCARD_FACT = "half", "resolved", "commit", "discard"
+_FACT_TYPES = {"ts": "bigint", "grp": "string", "topic": "string", "queue_id": "int", "queue_offset": "bigint",
+               "log_offset": "bigint", "born_ts": "bigint", "check_times": "int"}  # fmt: skip
+
+
+def facts(half_df: DataFrame, resolutions_df: DataFrame, real_df: DataFrame) -> DataFrame:
+    """Half copies, resolutions, commits and discard evidence as rows of one schema, keyed by identity."""
+
+    def fact(df: DataFrame, kind: str, **cols: str | Column) -> DataFrame:
+        values = [F.col(c) if isinstance(c, str) else c for c in (cols.get(n, F.lit(None)) for n in _FACT_TYPES)]
+        return df.select(
             *ID,
-            "commit_count",
-            "commit_ts",
-            "prepared_offsets",
-            "commit_producer_group",
-            F.col("_first.store_timestamp").alias("first_commit_ts"),
-            F.col("_first.topic").alias("first_commit_topic"),
-            F.col("_first.queue_id").alias("first_commit_queue_id"),
-            F.col("_first.queue_offset").alias("first_commit_queue_offset"),
+            F.lit(kind).alias("kind"),
+            *(v.cast(t).alias(n) for v, (n, t) in zip(values, _FACT_TYPES.items(), strict=True)),
         )
-    )
+
+    discard_evidence = (F.col("topic") == DISCARD_TOPIC) & F.col("uniq_key").isNotNull()
+    return union_all([
+        fact(half_df, HALF_FACT, ts="store_timestamp", grp="producer_group", topic="real_topic",
+             queue_id="real_queue_id", log_offset="commit_log_offset", born_ts="born_timestamp",
+             check_times=F.coalesce("check_times", F.lit(0))),
+        fact(resolutions_df, RESOLVED_FACT, ts="resolved_ts"),
+        fact(real_df.where(is_commit()), COMMIT_FACT, ts="store_timestamp", grp="producer_group", topic="topic",
+             queue_id="queue_id", queue_offset="queue_offset", log_offset="prepared_transaction_offset"),
+        fact(real_df.where(discard_evidence), DISCARD_FACT, ts="store_timestamp"),
+    ])  # fmt: skip
 
 
-def discards(real_df: DataFrame) -> DataFrame:
-    """Discard evidence: the first record of each transaction in TRANS_CHECK_MAX_TIME_TOPIC."""
-    evidence = real_df.where((F.col("topic") == DISCARD_TOPIC) & F.col("uniq_key").isNotNull())
-    return evidence.groupBy(*ID).agg(F.min("store_timestamp").alias("discard_ts"))
+def lifecycle(as_of: int, rules: Rules) -> Callable[[DataFrame], DataFrame]:
+    """`facts` into one row per transaction with a half or a commit, with state and reason. Keeps the
+    working columns `commit_ts`, `prepared_offsets` and `copy_offsets` for the anomaly rules."""
 
+    def of(kind: str, col: str | Column) -> Column:  # a fact's column, null for other kinds
+        return F.when(F.col("kind") == kind, F.col(col) if isinstance(col, str) else col)
 
-def lifecycle(
-    commits_df: DataFrame, discards_df: DataFrame, as_of: int, rules: Rules
-) -> Callable[[DataFrame], DataFrame]:
-    """Transactions (from `transactions`) joined with commits and discards, with state and reason.
-    Keeps the working columns `commit_ts`, `prepared_offsets` and `copy_offsets` for the anomaly rules."""
-
-    def transform(txn_df: DataFrame) -> DataFrame:
-        joined = txn_df.join(commits_df, on=ID, how="full_outer").join(discards_df, on=ID, how="left")
-        commit_count = F.coalesce("commit_count", F.lit(0))
-        check_times = F.coalesce("check_times", F.lit(0))
-        maxed = check_times >= rules.check_max
+    def transform(facts_df: DataFrame) -> DataFrame:
+        agg = facts_df.groupBy(*ID).agg(
+            F.min(of(HALF_FACT, "grp")).alias("producer_group"),
+            F.min(of(HALF_FACT, "topic")).alias("real_topic"),
+            F.min(of(HALF_FACT, "queue_id")).alias("real_queue_id"),
+            F.min(of(HALF_FACT, "born_ts")).alias("born_ts"),
+            F.min(of(HALF_FACT, "ts")).alias("first_copy_ts"),
+            F.max(of(HALF_FACT, "ts")).alias("last_copy_ts"),
+            F.count(of(HALF_FACT, F.lit(1))).cast("int").alias("copies"),
+            F.coalesce(F.max(of(HALF_FACT, "check_times")), F.lit(0)).alias("check_times"),
+            F.array_sort(F.collect_set(of(HALF_FACT, "log_offset"))).alias("copy_offsets"),
+            F.min(of(RESOLVED_FACT, "ts")).alias("resolved_ts"),
+            F.count(of(COMMIT_FACT, F.lit(1))).cast("int").alias("commit_count"),
+            F.sort_array(F.collect_list(of(COMMIT_FACT, "ts"))).alias("commit_ts"),
+            F.min(of(COMMIT_FACT, F.struct("ts", "topic", "queue_id", "queue_offset"))).alias("_first"),
+            F.array_sort(F.collect_set(of(COMMIT_FACT, "log_offset"))).alias("prepared_offsets"),
+            F.min(of(COMMIT_FACT, "grp")).alias("commit_producer_group"),
+            F.min(of(DISCARD_FACT, "ts")).alias("discard_ts"),
+        )
+        maxed = F.col("check_times") >= rules.check_max
         checks_over = (F.lit(as_of) - F.col("last_copy_ts")) > rules.check_interval_ms + rules.transaction_timeout_ms
         too_old = (F.lit(as_of) - F.col("born_ts")) > rules.file_reserved_hours * 3_600_000
         reason = (
@@ -147,32 +154,38 @@ def lifecycle(
             .when(too_old, EXPIRED)
         )
         state = (
-            F.when(commit_count > 0, COMMITTED)
+            F.when(F.col("commit_count") > 0, COMMITTED)
             .when(F.col("resolved_ts").isNotNull(), ROLLED_BACK)
             .when(reason.isNotNull(), DISCARDED)
             .otherwise(PENDING)
         )
-        return joined.select(
+        return agg.where((F.col("copies") > 0) | (F.col("commit_count") > 0)).select(
             *ID,
             F.coalesce("producer_group", "commit_producer_group").alias("producer_group"),
-            F.coalesce("real_topic", "first_commit_topic").alias("real_topic"),
-            F.coalesce("real_queue_id", "first_commit_queue_id").alias("real_queue_id"),
-            "born_ts", "first_copy_ts", "last_copy_ts",
-            F.coalesce("copies", F.lit(0)).alias("copies"),
-            check_times.alias("check_times"),
-            "resolved_ts",
-            commit_count.alias("commit_count"),
-            "first_commit_ts", "first_commit_topic", "first_commit_queue_id", "first_commit_queue_offset",
+            F.coalesce("real_topic", "_first.topic").alias("real_topic"),
+            F.coalesce("real_queue_id", "_first.queue_id").alias("real_queue_id"),
+            "born_ts", "first_copy_ts", "last_copy_ts", "copies", "check_times", "resolved_ts", "commit_count",
+            F.col("_first.ts").alias("first_commit_ts"), F.col("_first.topic").alias("first_commit_topic"),
+            F.col("_first.queue_id").alias("first_commit_queue_id"),
+            F.col("_first.queue_offset").alias("first_commit_queue_offset"),
             "discard_ts",
             state.alias("state"),
             F.when(state == DISCARDED, reason).alias("reason"),
-            F.lit(as_of).alias("as_of"),
-            F.coalesce("commit_ts", F.array().cast("array<bigint>")).alias("commit_ts"),
-            F.coalesce("prepared_offsets", F.array().cast("array<bigint>")).alias("prepared_offsets"),
-            F.coalesce("copy_offsets", F.array().cast("array<bigint>")).alias("copy_offsets"),
+            "commit_ts", "prepared_offsets", "copy_offsets",
         )  # fmt: skip
 
     return transform
+
+
+def open_transactions() -> Column:
+    """Lifecycle rows whose result can change with a later as_of alone, without new events: pending,
+    discarded only by the clock (EXPIRED may still become MAX_CHECKS), or committed but unresolved
+    (NO_OP and its `unresolved_ms` grow). Every other row is final until its transaction has new events."""
+    return (
+        (F.col("state") == PENDING)
+        | ((F.col("state") == DISCARDED) & F.col("discard_ts").isNull())
+        | ((F.col("commit_count") > 0) & (F.col("copies") > 0) & F.col("resolved_ts").isNull())
+    )
 
 
 def age(as_of: int, col_name: str) -> Column:

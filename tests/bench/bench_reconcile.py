@@ -39,8 +39,8 @@ def _hwm_kib(pid: int) -> int:
     return 0
 
 
-def timed(cmd: list[str]) -> tuple[float, int]:
-    """Wall time and the largest peak RSS (MiB) of any process in the command's tree."""
+def timed_job(cmd: list[str]) -> tuple[float, int, str]:
+    """Wall time, the largest peak RSS (MiB) of any process in the command's tree, and its stderr."""
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     peak = 0
@@ -59,7 +59,12 @@ def timed(cmd: list[str]) -> tuple[float, int]:
     sampler.join()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:2])} failed:\n{err}")
-    return time.perf_counter() - started, peak // 1024
+    return time.perf_counter() - started, peak // 1024, err
+
+
+def timed(cmd: list[str]) -> tuple[float, int]:
+    seconds, peak, _ = timed_job(cmd)
+    return seconds, peak
 
 
 def main() -> int:
