@@ -47,6 +47,12 @@ from transforms.lifecycle import ID, Rules, facts, lifecycle, resolutions, resol
 from transforms.scope import facts_of, touched_queues, touched_transactions
 
 log = logging.getLogger(__name__)
+_clock = {"started": time.perf_counter()}
+
+
+def _progress(message: str, *args: object) -> None:
+    """A progress line with the seconds since the run began."""
+    log.info("  " + message + " (%.1f s)", *args, time.perf_counter() - _clock["started"])
 
 TIME = {"half": "store_timestamp", "op": "store_timestamp", "real": "store_timestamp", "offset": "commit_timestamp"}
 OUTPUTS = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES)
@@ -96,7 +102,7 @@ def rules_from(config: Config) -> Rules:
 def reconcile(spark: SparkSession, config: Config, as_of: int | None = None, full: bool = False) -> dict[str, int]:
     """Compute and write silver and gold; return the anomaly count per type in the current view."""
     started_at = dt.datetime.now(dt.UTC)
-    started = time.perf_counter()
+    _clock["started"] = started = time.perf_counter()
     bronze = read_bronze(spark, config)
     if as_of is None:
         as_of = latest_event(bronze.frames)
@@ -106,6 +112,7 @@ def reconcile(spark: SparkSession, config: Config, as_of: int | None = None, ful
     rebuilt = ensure_outputs(spark, config)
     last = last_run(spark, config)
     reason = "--full" if full else rebuilt or why_full(spark, config, bronze, last, as_of, rules)
+    _progress("bronze versions %s read", bronze.versions)
     written = None
     if reason is None and last is not None:
         log.info("reconcile as of %d: incremental since run %s", as_of, last["run_id"])
@@ -234,8 +241,11 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
     life, commits_df = view[TXN_LIFECYCLE.name].persist(), view[OFFSET_COMMITS.name].persist()
     try:
         merge_anomalies(spark, config, view[ANOMALIES.name], as_of)
+        _progress("anomalies merged")
         _replace(spark, config, OFFSET_COMMITS, commits_df)
+        _progress("offset_commits written")
         _replace(spark, config, TXN_LIFECYCLE, life)
+        _progress("txn_lifecycle written")
         return Written("full", reason, life.count(), commits_df.select(*OFFSET_KEY).distinct().count())
     finally:
         life.unpersist()
@@ -253,7 +263,7 @@ def incremental(
     queues = touched_queues(new["offset"]).persist()
     try:
         n_keys, n_queues = keys.count(), queues.count()
-        log.info("  %d transactions and %d queues to recompute", n_keys, n_queues)
+        _progress("%d transactions and %d queues to recompute", n_keys, n_queues)
         if n_keys > FULL_ABOVE_KEYS and n_keys > FULL_ABOVE_SHARE * current.count():
             return None
         life = facts_of(keys, half, op, real).transform(lifecycle(as_of, rules)).persist()
@@ -267,8 +277,11 @@ def incremental(
                 every_commit.transform(offset_regressions(real, as_of))
             )
             merge_anomalies(spark, config, found, as_of, scope=keys)
+            _progress("anomalies merged")
             _merge(spark, config, OFFSET_COMMITS, commits_q, list(OFFSET_COMMITS.names[:8]))
+            _progress("offset_commits merged")
             _merge(spark, config, TXN_LIFECYCLE, life, ID)
+            _progress("txn_lifecycle merged")
         finally:
             life.unpersist()
             commits_q.unpersist()

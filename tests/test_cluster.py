@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyspark
 import pytest
 import yaml
 from pyspark.sql import SparkSession
@@ -26,6 +27,8 @@ from tests.test_ingest import fresh_db, ingest, make_landing
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+# pyspark's launchers look for Spark through `python3` on PATH unless SPARK_HOME says where it is.
+SPARK_ENV = {"SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": sys.executable}
 
 
 def _free_port() -> int:
@@ -38,7 +41,7 @@ def _start(args: list[str], log: Path, ready: str, timeout: float = 90) -> subpr
     """Start a Spark daemon in its own process group and wait for `ready` in its log."""
     handle = log.open("wb")
     proc = subprocess.Popen([str(BIN / "spark-class"), *args], stdout=handle, stderr=subprocess.STDOUT,
-                            start_new_session=True, env={**os.environ, "SPARK_NO_DAEMONIZE": "1"})  # fmt: skip
+                            start_new_session=True, env={**os.environ, **SPARK_ENV})  # fmt: skip
     deadline = time.monotonic() + timeout
     while ready not in log.read_text(errors="replace"):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -79,7 +82,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
 
 
 def _submit(url: str, root: Path, job: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARK_CONF_DIR": str(root / "spark-conf"), "PYSPARK_PYTHON": sys.executable}
+    env = {**os.environ, **SPARK_ENV, "SPARK_CONF_DIR": str(root / "spark-conf")}
     command = [str(BIN / "spark-submit"), "--master", url, "--py-files", str(root / "txn_recon.zip"),
                f"jobs/{job}.py", "--env", "cluster", "--conf", str(root / "cluster.yaml"), *args]  # fmt: skip
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -104,7 +107,7 @@ def test_ingest_and_reconcile_on_a_standalone_cluster_equal_local_mode(
         "spark": {"delta_jars": "local", "jars_dir": str(ROOT / ".jars"),
                   "conf": {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                            "spark.ui.enabled": "false", "spark.cores.max": "2", "spark.executor.memory": "1g",
-                           "spark.sql.shuffle.partitions": "4"}},
+                           "spark.sql.shuffle.partitions": "4", "spark.locality.wait": "0s"}},
     }  # fmt: skip
     (root / "cluster.yaml").write_text(yaml.safe_dump(settings))
     spark_conf = [str(BIN / "txn-recon"), "spark-conf", "--env", "cluster", "--conf", str(root / "cluster.yaml"),
@@ -118,10 +121,11 @@ def test_ingest_and_reconcile_on_a_standalone_cluster_equal_local_mode(
     assert "reconcile: anomalies by type" in done.stdout
     assert list((root / "work").glob("app-*/*/stderr")), "the worker ran no executor"
 
-    # Bad input through spark-submit: one line, exit code 2, passed back by spark-submit.
+    # Bad input through spark-submit: one line, exit code 2, passed back by spark-submit. (Spark runs the
+    # Python driver with its stderr merged into stdout.)
     bad = _submit(url, root, "ingest", "--landing", str(tmp_path / "nowhere"))
     assert bad.returncode == 2
-    assert f"txn-recon ingest: error: --landing {tmp_path / 'nowhere'} is not a folder" in bad.stderr
+    assert f"txn-recon ingest: error: --landing {tmp_path / 'nowhere'} is not a folder\n" in bad.stdout
 
     cfg = fresh_db(spark, config, "t_cluster_local")
     ingest(spark, cfg, landing, "local")
