@@ -54,6 +54,7 @@ def _progress(message: str, *args: object) -> None:
     """A progress line with the seconds since the run began."""
     log.info("  " + message + " (%.1f s)", *args, time.perf_counter() - _clock["started"])
 
+
 TIME = {"half": "store_timestamp", "op": "store_timestamp", "real": "store_timestamp", "offset": "commit_timestamp"}
 OUTPUTS = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES)
 # Bronze history entries that only add rows (or move them without changing data).
