@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 JSON_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 PARQUET_SUFFIXES = (".parquet",)
+SMALL_BATCH_BYTES = 64 * 1024 * 1024  # up to about a million keys to broadcast (Parquet; fewer as JSON)
 
 
 @dataclass(frozen=True)
@@ -237,8 +238,14 @@ def write_records(
     spark: SparkSession, config: Config, stream: str, files: list[LandingFile], run_id: str, ingested_at: dt.datetime
 ) -> Tally:
     bronze = BRONZE[stream]
+    batch = read_files(spark, stream, files)
     existing = spark.table(config.table(bronze.name)).select(*bronze.key, "_record_hash")
-    classified = read_files(spark, stream, files).transform(classify_batch(bronze.key, existing)).persist()
+    if sum(f.size for f in files) <= SMALL_BATCH_BYTES:
+        # A small batch against a large table: cut bronze down to the batch's keys by broadcasting them,
+        # instead of shuffling every stored key to join with a few new ones.
+        keys = F.broadcast(batch.select(*bronze.key).distinct())
+        existing = existing.join(keys, on=list(bronze.key), how="left_semi")
+    classified = batch.transform(classify_batch(bronze.key, existing)).persist()
     try:
         counts = {r["_fate"]: r["n"] for r in classified.groupBy("_fate").agg(F.count("*").alias("n")).collect()}
         inserts = classified.where(F.col("_fate") == INSERT).select(

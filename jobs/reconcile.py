@@ -259,7 +259,7 @@ def incremental(
     """Only what changed since `last`; None when that is most of the data (a full run is then cheaper)."""
     half, op, real, offset = (bronze.frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
     new = {s: new_rows(spark, bronze, s, last, as_of) for s in TIME}
-    current = spark.table(config.table(TXN_LIFECYCLE.name))
+    current = _as_left(spark, config, TXN_LIFECYCLE, last)
     keys = touched_transactions(new["half"], new["op"], new["real"], half, current).persist()
     queues = touched_queues(new["offset"]).persist()
     try:
@@ -270,7 +270,7 @@ def incremental(
         life = facts_of(keys, half, op, real).transform(lifecycle(as_of, rules)).persist()
         commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).persist()
         try:
-            kept = spark.table(config.table(OFFSET_COMMITS.name)).join(
+            kept = _as_left(spark, config, OFFSET_COMMITS, last).join(
                 F.broadcast(queues), on=OFFSET_KEY, how="left_anti"
             )
             every_commit = union_all([kept.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
@@ -290,6 +290,12 @@ def incremental(
     finally:
         keys.unpersist()
         queues.unpersist()
+
+
+def _as_left(spark: SparkSession, config: Config, schema: Schema, last: Row) -> DataFrame:
+    """An output table as the last run left it: pinned, so a recomputation of a cached part can never
+    see this run's own merges."""
+    return spark.sql(f"SELECT * FROM {config.table(schema.name)} VERSION AS OF {last[f'{schema.name}_version']}")
 
 
 def new_rows(spark: SparkSession, bronze: Bronze, stream: str, last: Row, as_of: int) -> DataFrame:

@@ -69,7 +69,7 @@ def write_page(path: Path, data: dict[str, Any]) -> Path:
 
 def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
     """Everything the dashboard shows, as plain Python values."""
-    names = ("txn_lifecycle", "anomalies", "dq_results", "ingest_runs")
+    names = ("txn_lifecycle", "anomalies", "dq_results", "ingest_runs", "reconcile_runs")
     t = {n: spark.table(config.table(n)) for n in names if spark.catalog.tableExists(config.table(n))}
     if "txn_lifecycle" not in t or "anomalies" not in t:
         raise TxnReconError("no reconciled tables yet; run `txn-recon reconcile` (or `txn-recon run`) first")
@@ -94,7 +94,7 @@ def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
         keyed.unpersist()
     data["dq_latest"], data["dq_runs"] = _quality(t.get("dq_results"))
     data["ingest_runs"] = _ingest_runs(t.get("ingest_runs"))
-    data["reconcile_runs"] = _reconcile_runs(spark, config.table("anomalies"))
+    data["reconcile_runs"] = _reconcile_runs(t.get("reconcile_runs"))
     return data
 
 
@@ -207,19 +207,14 @@ def _ingest_runs(runs: DataFrame | None) -> list[dict[str, Any]]:
     return [r.asDict() for r in per_run.orderBy(F.desc("started_at")).limit(50).collect()]
 
 
-def _reconcile_runs(spark: SparkSession, anomalies_table: str) -> list[dict[str, Any]]:
-    """Every reconcile merges into `anomalies`: its Delta history is the run history."""
-    history = spark.sql(f"DESCRIBE HISTORY {anomalies_table} LIMIT 50").where(F.col("operation") == "MERGE")
-    out = []
-    for r in history.select("version", "timestamp", "operationMetrics").collect():
-        m = r["operationMetrics"] or {}
-        out.append({
-            "version": r["version"], "timestamp": r["timestamp"],
-            "inserted": int(m.get("numTargetRowsInserted", 0)), "updated": int(m.get("numTargetRowsUpdated", 0)),
-            "deleted": int(m.get("numTargetRowsDeleted", 0)),
-            "execution_ms": int(m.get("executionTimeMs", 0)),
-        })  # fmt: skip
-    return out
+def _reconcile_runs(runs: DataFrame | None) -> list[dict[str, Any]]:
+    """The latest reconcile runs: full or incremental (and why full), what they computed, how long."""
+    if runs is None:
+        return []
+    seconds = F.round(F.unix_micros("finished_at") / 1e6 - F.unix_micros("started_at") / 1e6, 1)
+    latest = runs.orderBy(F.desc("finished_at")).limit(50)
+    columns = ["finished_at", "mode", "reason", "as_of", "transactions", "queues"]
+    return [r.asDict() for r in latest.select(*columns, seconds.alias("seconds")).collect()]
 
 
 if __name__ == "__main__":
