@@ -201,13 +201,13 @@ def ingest_batch(
             tally = write_records(spark, config, stream, readable, run_id, ingested_at)
     except Exception as whole:  # a read error surfaces at the first action; nothing was written yet
         log.warning("%s: a file in this batch cannot be read (%s); reading its files one by one",
-                    stream, _first_line(whole))  # fmt: skip
+                    stream, first_line(whole))  # fmt: skip
         tally = Tally()
         for f in readable:
             try:
                 tally.add(write_records(spark, config, stream, [f], run_id, ingested_at))
             except Exception as e:
-                failed[f] = f"unreadable file: {_first_line(e)}"
+                failed[f] = f"unreadable file: {first_line(e)}"
     for f, reason in failed.items():
         log.warning("%s: quarantined %s: %s", stream, f.path, reason)
         write_quarantine(spark, config, _failed_file_row(spark, stream, f, reason), run_id, ingested_at)
@@ -325,7 +325,7 @@ def _failed_file_row(spark: SparkSession, stream: str, f: LandingFile, reason: s
                                  "stream string, source_file string, raw string, reason string")  # fmt: skip
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     """The innermost Java cause of a Spark error (e.g. "EOFException: Unexpected end of input stream")."""
     throwable = getattr(e, "java_exception", None) or getattr(e, "_origin", None)
     if throwable is not None:

@@ -34,7 +34,7 @@ from pyspark.sql import types as T
 from jobs.catalog import create_table
 from jobs.config import Config
 from jobs.errors import TxnReconError
-from jobs.ingest import new_run_id
+from jobs.ingest import first_line, new_run_id
 from jobs.lock import warehouse_lock
 from jobs.session import build_session
 from schemas.bronze import BRONZE
@@ -121,7 +121,7 @@ def reconcile(spark: SparkSession, config: Config, as_of: int | None = None, ful
             written = incremental(spark, config, bronze, last, as_of, rules)
             reason = "the changes touch most transactions" if written is None else None
         except (PySparkException, Py4JJavaError) as e:  # e.g. change data removed by VACUUM; full is always safe
-            reason = f"the incremental run failed ({_first_line(e)})"
+            reason = f"the incremental run failed ({first_line(e)})"
             log.warning("  %s", reason)
     if written is None:
         log.info("reconcile as of %d: full (%s)", as_of, reason)
@@ -172,11 +172,6 @@ def ensure_outputs(spark: SparkSession, config: Config) -> str | None:
 
 def _same_columns(actual: T.StructType, schema: Schema) -> bool:
     return [(f.name, f.dataType) for f in actual.fields] == [(f.name, f.dataType) for f in to_struct(schema).fields]
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def last_run(spark: SparkSession, config: Config) -> Row | None:
@@ -260,36 +255,28 @@ def incremental(
     half, op, real, offset = (bronze.frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
     new = {s: new_rows(spark, bronze, s, last, as_of) for s in TIME}
     current = _as_left(spark, config, TXN_LIFECYCLE, last)
-    keys = touched_transactions(new["half"], new["op"], new["real"], half, current).persist()
-    queues = touched_queues(new["offset"]).persist()
-    try:
-        n_keys, n_queues = keys.count(), queues.count()
-        _progress("%d transactions and %d queues to recompute", n_keys, n_queues)
-        if n_keys > FULL_ABOVE_KEYS and n_keys > FULL_ABOVE_SHARE * current.count():
-            return None
-        life = facts_of(keys, half, op, real).transform(lifecycle(as_of, rules)).persist()
-        commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).persist()
-        try:
-            kept = _as_left(spark, config, OFFSET_COMMITS, last).join(
-                F.broadcast(queues), on=OFFSET_KEY, how="left_anti"
-            )
-            every_commit = union_all([kept.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
-            found = transaction_anomalies(life, as_of, rules).unionByName(
-                every_commit.transform(offset_regressions(real, as_of))
-            )
-            merge_anomalies(spark, config, found, as_of, scope=keys)
-            _progress("anomalies merged")
-            _merge(spark, config, OFFSET_COMMITS, commits_q, list(OFFSET_COMMITS.names[:8]))
-            _progress("offset_commits merged")
-            _merge(spark, config, TXN_LIFECYCLE, life, ID)
-            _progress("txn_lifecycle merged")
-        finally:
-            life.unpersist()
-            commits_q.unpersist()
-        return Written("incremental", None, n_keys, n_queues)
-    finally:
-        keys.unpersist()
-        queues.unpersist()
+    # Checkpointed (kept by the executors, lineage cut): small, used in many places, and every later plan
+    # stays short; a plan that repeats a cached part's whole lineage in each use can fill the heap.
+    keys = touched_transactions(new["half"], new["op"], new["real"], half, current).localCheckpoint()
+    queues = touched_queues(new["offset"]).localCheckpoint()
+    n_keys, n_queues = keys.count(), queues.count()
+    _progress("%d transactions and %d queues to recompute", n_keys, n_queues)
+    if n_keys > FULL_ABOVE_KEYS and n_keys > FULL_ABOVE_SHARE * current.count():
+        return None
+    life = facts_of(keys, half, op, real).transform(lifecycle(as_of, rules)).localCheckpoint()
+    commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).localCheckpoint()
+    kept = _as_left(spark, config, OFFSET_COMMITS, last).join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
+    every_commit = union_all([kept.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
+    found = transaction_anomalies(life, as_of, rules).unionByName(
+        every_commit.transform(offset_regressions(real, as_of))
+    )
+    merge_anomalies(spark, config, found, as_of, scope=keys)
+    _progress("anomalies merged")
+    _merge(spark, config, OFFSET_COMMITS, commits_q, list(OFFSET_COMMITS.names[:8]))
+    _progress("offset_commits merged")
+    _merge(spark, config, TXN_LIFECYCLE, life, ID)
+    _progress("txn_lifecycle merged")
+    return Written("incremental", None, n_keys, n_queues)
 
 
 def _as_left(spark: SparkSession, config: Config, schema: Schema, last: Row) -> DataFrame:

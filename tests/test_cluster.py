@@ -97,7 +97,7 @@ def test_ingest_and_reconcile_on_a_standalone_cluster_equal_local_mode(
 ) -> None:
     url, root = cluster
     landing = tmp_path / "landing"
-    make_landing(landing, n=120, seed=5)
+    make_landing(landing, n=60, seed=5)
     package.build(root / "txn_recon.zip")
     warehouse = root / "warehouse"
     settings = {

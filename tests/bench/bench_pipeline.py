@@ -65,6 +65,9 @@ def landing_for(n: int) -> tuple[Path, Path, dict[str, int]]:
 
 def stage(name: str, cmd: list[str], items: int, unit: str) -> dict[str, Any]:
     seconds, peak, err = timed_job(cmd)
+    logs = ROOT / "artifacts" / "bench-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / f"{name.replace(' ', '-')}-{items}.log").write_text(err)  # the job's own progress lines
     figure: dict[str, Any] = {"stage": name, "wall_s": round(seconds, 1), "peak_rss_mib": peak, unit: items,
                               f"{unit}_per_s": round(items / seconds)}  # fmt: skip
     done = DONE.search(err)
