@@ -68,9 +68,7 @@ def test_incremental_runs_equal_a_full_recompute_on_chaos(spark: SparkSession, c
             assert got == want, (step, schema.name, sorted(set(got) ^ set(want), key=repr)[:5])
 
     runs = spark.table(cfg.table("reconcile_runs")).orderBy("finished_at").collect()
-    assert [r["mode"] for r in runs] == ["full", "incremental", "incremental"], [
-        r["reason"] for r in runs
-    ]
+    assert [r["mode"] for r in runs] == ["full", "incremental", "incremental"], [r["reason"] for r in runs]
     total = spark.table(cfg.table("txn_lifecycle")).count()
     assert all(0 < r["transactions"] < total for r in runs[1:])
     stuck = spark.table(cfg.table("anomalies")).where("anomaly_type = 'STUCK_HALF'").count()
