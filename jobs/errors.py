@@ -1,4 +1,5 @@
-"""The project's exceptions. The CLI turns any of them into one line on stderr and exit code 2."""
+"""The project's exceptions (the CLI turns any of them into one line on stderr and exit code 2), and the
+one-line summary of a Spark error."""
 
 
 class TxnReconError(Exception):
@@ -15,3 +16,14 @@ class SetupError(TxnReconError):
 
 class QueryError(TxnReconError):
     """Spark rejected a statement or a table is missing (translated from AnalysisException)."""
+
+
+def first_line(e: BaseException) -> str:
+    """The innermost Java cause of a Spark error (e.g. "EOFException: Unexpected end of input stream")."""
+    throwable = getattr(e, "java_exception", None) or getattr(e, "_origin", None)
+    if throwable is not None:
+        while throwable.getCause() is not None:
+            throwable = throwable.getCause()
+        return f"{throwable.getClass().getSimpleName()}: {throwable.getMessage()}"
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 
 from jobs.catalog import create_table
 from jobs.config import Config
-from jobs.errors import TxnReconError
+from jobs.errors import TxnReconError, first_line
 from jobs.lock import warehouse_lock
 from jobs.session import build_session
 from schemas import LANDING
@@ -323,17 +323,6 @@ def _source_file() -> F.Column:
 def _failed_file_row(spark: SparkSession, stream: str, f: LandingFile, reason: str) -> DataFrame:
     return spark.createDataFrame([(stream, str(f.path), None, reason)],
                                  "stream string, source_file string, raw string, reason string")  # fmt: skip
-
-
-def first_line(e: BaseException) -> str:
-    """The innermost Java cause of a Spark error (e.g. "EOFException: Unexpected end of input stream")."""
-    throwable = getattr(e, "java_exception", None) or getattr(e, "_origin", None)
-    if throwable is not None:
-        while throwable.getCause() is not None:
-            throwable = throwable.getCause()
-        return f"{throwable.getClass().getSimpleName()}: {throwable.getMessage()}"
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 if __name__ == "__main__":

@@ -33,8 +33,8 @@ from pyspark.sql import types as T
 
 from jobs.catalog import create_table
 from jobs.config import Config
-from jobs.errors import TxnReconError
-from jobs.ingest import first_line, new_run_id
+from jobs.errors import TxnReconError, first_line
+from jobs.ingest import new_run_id
 from jobs.lock import warehouse_lock
 from jobs.session import build_session
 from schemas.bronze import BRONZE
