@@ -238,9 +238,9 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
     try:
         merge_anomalies(spark, config, view[ANOMALIES.name], as_of)
         _progress("anomalies merged")
-        _replace(spark, config, OFFSET_COMMITS, commits_df)
+        _replace(config, OFFSET_COMMITS, commits_df)
         _progress("offset_commits written")
-        _replace(spark, config, TXN_LIFECYCLE, life)
+        _replace(config, TXN_LIFECYCLE, life)
         _progress("txn_lifecycle written")
         return Written("full", reason, life.count(), commits_df.select(*OFFSET_KEY).distinct().count())
     finally:
@@ -304,7 +304,7 @@ def new_rows(spark: SparkSession, bronze: Bronze, stream: str, last: Row, as_of:
     return window.unionByName(added.select(*frame.columns))
 
 
-def _replace(spark: SparkSession, config: Config, schema: Schema, df: DataFrame) -> None:
+def _replace(config: Config, schema: Schema, df: DataFrame) -> None:
     """Replace a table's rows (INSERT OVERWRITE keeps its definition; history keeps the past)."""
     df.select(*schema.names).write.insertInto(config.table(schema.name), overwrite=True)
 
