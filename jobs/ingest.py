@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.catalog import create_table
@@ -29,7 +29,7 @@ from jobs.errors import TxnReconError, first_line
 from jobs.lock import warehouse_lock
 from jobs.session import build_session
 from schemas import LANDING
-from schemas.bronze import BRONZE, CLUSTER_BY, INGEST_FILES, INGEST_RUNS, QUARANTINE
+from schemas.bronze import BRONZE, CLUSTER_BY, INGEST_FILES, INGEST_RUNS, QUARANTINE, STATS_COLUMNS
 from schemas.spark import to_struct
 from transforms.frames import union_all
 from transforms.landing import (
@@ -38,6 +38,7 @@ from transforms.landing import (
     QUARANTINED,
     check_typed_rows,
     classify_batch,
+    key_facts,
     parse_json_lines,
     with_record_hash,
 )
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 JSON_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 PARQUET_SUFFIXES = (".parquet",)
 SMALL_BATCH_BYTES = 64 * 1024 * 1024  # up to about a million keys to broadcast (Parquet; fewer as JSON)
+BROADCAST_KEYS = 250_000  # key facts up to this many rows (some tens of MiB) go to every task
+FATES = (INSERT, DUPLICATE, QUARANTINED)
 
 
 @dataclass(frozen=True)
@@ -123,8 +126,9 @@ def ensure_tables(spark: SparkSession, config: Config) -> None:
     existing = {r["tableName"] for r in spark.sql(f"SHOW TABLES IN {config.database}").collect()}
     for stream, schema in BRONZE.items():
         if schema.name not in existing:
-            create_table(spark, config, schema, properties={"delta.enableChangeDataFeed": "true"},
-                         cluster_by=CLUSTER_BY[stream])  # fmt: skip
+            properties = {"delta.enableChangeDataFeed": "true",
+                          "delta.dataSkippingStatsColumns": ",".join(STATS_COLUMNS[stream])}  # fmt: skip
+            create_table(spark, config, schema, properties=properties, cluster_by=CLUSTER_BY[stream])
     for schema in (QUARANTINE, INGEST_RUNS, INGEST_FILES):
         if schema.name not in existing:
             create_table(spark, config, schema)
@@ -239,31 +243,34 @@ def write_records(
 ) -> Tally:
     bronze = BRONZE[stream]
     batch = read_files(spark, stream, files)
-    existing = spark.table(config.table(bronze.name)).select(*bronze.key, "_record_hash")
+    stored = spark.table(config.table(bronze.name)).select(*bronze.key, "_record_hash")
     if sum(f.size for f in files) <= SMALL_BATCH_BYTES:
         # A small batch against a large table: cut bronze down to the batch's keys by broadcasting them,
         # instead of shuffling every stored key to join with a few new ones.
         keys = F.broadcast(batch.select(*bronze.key).distinct())
-        existing = existing.join(keys, on=list(bronze.key), how="left_semi")
-    classified = batch.transform(classify_batch(bronze.key, existing)).persist()
-    try:
-        counts = {r["_fate"]: r["n"] for r in classified.groupBy("_fate").agg(F.count("*").alias("n")).collect()}
-        inserts = classified.where(F.col("_fate") == INSERT).select(
-            *LANDING[stream].names, "_record_hash", "_source_file",
-            F.lit(ingested_at).alias("_ingested_at"), F.lit(run_id).alias("_run_id"),
+        stored = stored.join(keys, on=list(bronze.key), how="left_semi")
+    facts = key_facts(bronze.key, batch, stored).localCheckpoint()
+    [sizes] = facts.agg(F.count("*").alias("keys"), F.count_if(F.col("_copies") > 1).alias("contested")).collect()
+    if sizes["keys"] <= BROADCAST_KEYS:
+        facts = F.broadcast(facts)  # usually empty: the batch is then written without a shuffle
+    classified = batch.transform(classify_batch(bronze.key, facts, contested=sizes["contested"] > 0))
+    # One pass writes the inserts and counts every fate on the way; quarantine rows are rare and are
+    # computed again only when there are some.
+    fates = Observation()
+    counted = classified.observe(fates, *(F.count_if(F.col("_fate") == k).alias(k) for k in FATES))
+    counted.where(F.col("_fate") == INSERT).select(
+        *LANDING[stream].names, "_record_hash", "_source_file",
+        F.lit(ingested_at).alias("_ingested_at"), F.lit(run_id).alias("_run_id"),
+    ).writeTo(config.table(bronze.name)).append()  # fmt: skip
+    counts = fates.get
+    if counts[QUARANTINED]:
+        bad = classified.where(F.col("_fate") == QUARANTINED).select(
+            F.lit(stream).alias("stream"), F.col("_source_file").alias("source_file"),
+            F.coalesce("_raw", F.to_json(F.struct(*LANDING[stream].names))).alias("raw"),
+            F.col("_reason").alias("reason"),
         )  # fmt: skip
-        if counts.get(INSERT):
-            inserts.write.format("delta").mode("append").saveAsTable(config.table(bronze.name))
-        if counts.get(QUARANTINED):
-            bad = classified.where(F.col("_fate") == QUARANTINED).select(
-                F.lit(stream).alias("stream"), F.col("_source_file").alias("source_file"),
-                F.coalesce("_raw", F.to_json(F.struct(*LANDING[stream].names))).alias("raw"),
-                F.col("_reason").alias("reason"),
-            )  # fmt: skip
-            write_quarantine(spark, config, bad, run_id, ingested_at)
-    finally:
-        classified.unpersist()
-    inserted, duplicates, quarantined = (counts.get(k, 0) for k in (INSERT, DUPLICATE, QUARANTINED))
+        write_quarantine(spark, config, bad, run_id, ingested_at)
+    inserted, duplicates, quarantined = (counts[k] for k in FATES)
     return Tally(read=inserted + duplicates + quarantined, inserted=inserted, duplicates=duplicates,
                  quarantined=quarantined)  # fmt: skip
 
@@ -315,9 +322,16 @@ def summary(run_id: str, tallies: dict[str, Tally]) -> str:
 
 
 def _source_file() -> F.Column:
-    """`_metadata.file_path` ("file:/a%20b/x") as a plain local path ("/a b/x"); '+' stays '+'."""
-    uri = F.regexp_replace(F.col("_metadata.file_path"), "^file:(//)?", "")
-    return F.url_decode(F.replace(uri, F.lit("+"), F.lit("%2B"))).alias("_source_file")
+    """`_metadata.file_path` ("file:/a%20b/x") as a plain local path ("/a b/x"); '+' stays '+'. Only a
+    name with escapes is decoded: decoding every row of a big file costs as much as reading it."""
+    uri = F.col("_metadata.file_path")
+    path = (
+        F.when(uri.startswith("file:///"), F.substring(uri, 8, 1 << 20))
+        .when(uri.startswith("file:/"), F.substring(uri, 6, 1 << 20))
+        .otherwise(uri)
+    )
+    decoded = F.url_decode(F.replace(path, F.lit("+"), F.lit("%2B")))
+    return F.when(path.contains("%"), decoded).otherwise(path).alias("_source_file")
 
 
 def _failed_file_row(spark: SparkSession, stream: str, f: LandingFile, reason: str) -> DataFrame:

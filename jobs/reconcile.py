@@ -39,7 +39,7 @@ from jobs.lock import warehouse_lock
 from jobs.session import build_session
 from schemas.bronze import BRONZE
 from schemas.model import Schema
-from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, RECONCILE_RUNS, TXN_LIFECYCLE
+from schemas.reconciled import ANOMALIES, LIFECYCLE_STATS_COLUMNS, OFFSET_COMMITS, RECONCILE_RUNS, TXN_LIFECYCLE
 from schemas.spark import to_struct
 from transforms.anomalies import OFFSET_KEY, all_anomalies, offset_commits, offset_regressions, transaction_anomalies
 from transforms.frames import union_all
@@ -165,7 +165,10 @@ def ensure_outputs(spark: SparkSession, config: Config) -> str | None:
             spark.sql(f"DROP TABLE {table}")
             reason = f"{schema.name} was rebuilt with new columns"
         # Deletion vectors let a merge mark changed rows instead of rewriting every file holding one.
-        create_table(spark, config, schema, properties={"delta.enableDeletionVectors": "true"})
+        properties = {"delta.enableDeletionVectors": "true"}
+        if schema is TXN_LIFECYCLE:
+            properties["delta.dataSkippingStatsColumns"] = ",".join(LIFECYCLE_STATS_COLUMNS)
+        create_table(spark, config, schema, properties=properties)
     create_table(spark, config, RECONCILE_RUNS)
     return reason
 

@@ -28,6 +28,10 @@ TXN_LIFECYCLE = Schema(
     key=("broker_name", "uniq_key"),
 )
 
+# Delta keeps min/max statistics for these only: collecting them for every column costs a full write
+# about a third of its time, and queries go by state and time.
+LIFECYCLE_STATS_COLUMNS = ("broker_name", "uniq_key", "state", "born_ts", "first_copy_ts", "first_commit_ts")
+
 OFFSET_COMMITS = Schema(
     "offset_commits",
     (

@@ -1,7 +1,9 @@
-"""One session-scoped SparkSession for the suite: local[2], UI off, few partitions, Delta configured."""
+"""One session-scoped SparkSession for the suite: local[2], few partitions, Delta configured; every Spark
+the suite starts runs without the UI and without code generation (tests/spark-conf)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,8 @@ from jobs.config import Config, load_config
 from jobs.session import build_session
 
 REPO = Path(__file__).resolve().parent.parent
+# Read by every Spark the suite starts, here or in a subprocess (a test that needs its own sets another).
+os.environ.setdefault("SPARK_CONF_DIR", str(REPO / "tests" / "spark-conf"))
 
 
 @pytest.fixture(scope="session")

@@ -107,7 +107,8 @@ def test_ingest_and_reconcile_on_a_standalone_cluster_equal_local_mode(
         "spark": {"delta_jars": "local", "jars_dir": str(ROOT / ".jars"),
                   "conf": {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                            "spark.ui.enabled": "false", "spark.cores.max": "2", "spark.executor.memory": "1g",
-                           "spark.sql.shuffle.partitions": "4", "spark.locality.wait": "0s"}},
+                           "spark.sql.shuffle.partitions": "4", "spark.locality.wait": "0s",
+                           "spark.sql.codegen.wholeStage": "false"}},  # tiny data: see tests/spark-conf
     }  # fmt: skip
     (root / "cluster.yaml").write_text(yaml.safe_dump(settings))
     spark_conf = [str(BIN / "txn-recon"), "spark-conf", "--env", "cluster", "--conf", str(root / "cluster.yaml"),

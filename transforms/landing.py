@@ -105,23 +105,39 @@ def with_record_hash(schema: Schema) -> Transform:
     return transform
 
 
-def classify_batch(key: tuple[str, ...], existing_df: DataFrame) -> Transform:
+def key_facts(key: tuple[str, ...], batch: DataFrame, stored: DataFrame) -> DataFrame:
+    """The natural keys of a batch's valid rows that need more than a plain insert: keys with more
+    than one row in the batch (`_copies`) and keys bronze already holds (`_stored_hash`, from `stored`:
+    key columns and `_record_hash`). Only key columns are shuffled, so this stays cheap on a big batch;
+    it is usually empty."""
+    copies = batch.where(F.size("_problems") == 0).groupBy(*key).agg(F.count("*").alias("_copies"))
+    stored_hash = stored.select(*key, F.col("_record_hash").alias("_stored_hash"))
+    return copies.join(stored_hash, on=list(key), how="left").where(
+        (F.col("_copies") > 1) | F.col("_stored_hash").isNotNull()
+    )
+
+
+def classify_batch(key: tuple[str, ...], facts: DataFrame, contested: bool) -> Transform:
     """Give each row of a batch its `_fate` and, when quarantined, its `_reason`.
 
-    Within the batch the first row of each natural key (by source file, then hash) is the candidate;
-    exact repeats of it are duplicates and rows with other content under the same key are conflicts.
-    Against `existing_df` (the bronze key columns and `_record_hash`) a candidate already stored with
-    the same hash is a duplicate, with another hash a conflict. Conflicts go to quarantine.
+    `facts` comes from `key_facts`; `contested` says whether some key has more than one row in the
+    batch. Then, within the batch, the first row of each natural key (by source file, then hash) is
+    the candidate; exact repeats of it are duplicates and rows with other content under the same key
+    are conflicts. That ranking shuffles the whole batch, so an uncontested batch skips it. A candidate
+    bronze already holds with the same hash is a duplicate, with another hash a conflict. Conflicts go
+    to quarantine.
     """
 
     def transform(df: DataFrame) -> DataFrame:
         valid = F.size("_problems") == 0
-        order = Window.partitionBy(valid, *key).orderBy("_source_file", "_record_hash", "_raw")
-        ranked = df.withColumn("_rank", F.row_number().over(order)).withColumn(
-            "_first_hash", F.first("_record_hash").over(order.rowsBetween(Window.unboundedPreceding, 0))
-        )
-        stored = existing_df.select(*key, F.col("_record_hash").alias("_stored_hash"))
-        joined = ranked.join(stored, on=list(key), how="left")
+        if contested:
+            order = Window.partitionBy(valid, *key).orderBy("_source_file", "_record_hash", "_raw")
+            ranked = df.withColumn("_rank", F.row_number().over(order)).withColumn(
+                "_first_hash", F.first("_record_hash").over(order.rowsBetween(Window.unboundedPreceding, 0))
+            )
+        else:
+            ranked = df.withColumn("_rank", F.lit(1)).withColumn("_first_hash", F.col("_record_hash"))
+        joined = ranked.join(facts.select(*key, "_stored_hash"), on=list(key), how="left")
         fate = (
             F.when(~valid, QUARANTINED)
             .when(F.col("_record_hash") != F.col("_first_hash"), QUARANTINED)
