@@ -105,12 +105,17 @@ def with_record_hash(schema: Schema) -> Transform:
     return transform
 
 
+def _valid() -> Column:
+    """A row that breaks no rule of the landing contract."""
+    return F.size("_problems") == 0
+
+
 def key_facts(key: tuple[str, ...], batch: DataFrame, stored: DataFrame) -> DataFrame:
     """The natural keys of a batch's valid rows that need more than a plain insert: keys with more
     than one row in the batch (`_copies`) and keys bronze already holds (`_stored_hash`, from `stored`:
     key columns and `_record_hash`). Only key columns are shuffled, so this stays cheap on a big batch;
     it is usually empty."""
-    copies = batch.where(F.size("_problems") == 0).groupBy(*key).agg(F.count("*").alias("_copies"))
+    copies = batch.where(_valid()).groupBy(*key).agg(F.count("*").alias("_copies"))
     stored_hash = stored.select(*key, F.col("_record_hash").alias("_stored_hash"))
     return copies.join(stored_hash, on=list(key), how="left").where(
         (F.col("_copies") > 1) | F.col("_stored_hash").isNotNull()
@@ -129,7 +134,7 @@ def classify_batch(key: tuple[str, ...], facts: DataFrame, contested: bool) -> T
     """
 
     def transform(df: DataFrame) -> DataFrame:
-        valid = F.size("_problems") == 0
+        valid = _valid()
         if contested:
             order = Window.partitionBy(valid, *key).orderBy("_source_file", "_record_hash", "_raw")
             ranked = df.withColumn("_rank", F.row_number().over(order)).withColumn(
