@@ -126,9 +126,8 @@ def ensure_tables(spark: SparkSession, config: Config) -> None:
     existing = {r["tableName"] for r in spark.sql(f"SHOW TABLES IN {config.database}").collect()}
     for stream, schema in BRONZE.items():
         if schema.name not in existing:
-            properties = {"delta.enableChangeDataFeed": "true",
-                          "delta.dataSkippingStatsColumns": ",".join(STATS_COLUMNS[stream])}  # fmt: skip
-            create_table(spark, config, schema, properties=properties, cluster_by=CLUSTER_BY[stream])
+            create_table(spark, config, schema, properties={"delta.enableChangeDataFeed": "true"},
+                         cluster_by=CLUSTER_BY[stream], stats_columns=STATS_COLUMNS[stream])  # fmt: skip
     for schema in (QUARANTINE, INGEST_RUNS, INGEST_FILES):
         if schema.name not in existing:
             create_table(spark, config, schema)

@@ -165,10 +165,8 @@ def ensure_outputs(spark: SparkSession, config: Config) -> str | None:
             spark.sql(f"DROP TABLE {table}")
             reason = f"{schema.name} was rebuilt with new columns"
         # Deletion vectors let a merge mark changed rows instead of rewriting every file holding one.
-        properties = {"delta.enableDeletionVectors": "true"}
-        if schema is TXN_LIFECYCLE:
-            properties["delta.dataSkippingStatsColumns"] = ",".join(LIFECYCLE_STATS_COLUMNS)
-        create_table(spark, config, schema, properties=properties)
+        stats = LIFECYCLE_STATS_COLUMNS if schema is TXN_LIFECYCLE else ()
+        create_table(spark, config, schema, properties={"delta.enableDeletionVectors": "true"}, stats_columns=stats)
     create_table(spark, config, RECONCILE_RUNS)
     return reason
 

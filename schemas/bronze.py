@@ -31,8 +31,7 @@ CLUSTER_BY = {
     "offset": ("broker_name", "commit_timestamp"),
 }
 
-# Delta keeps min/max statistics only for these (key, clustering and time) columns: statistics on
-# every column cost a write about a third of its time, and nothing filters bronze by the others.
+# The columns Delta keeps file statistics for: key, clustering and time; nothing filters bronze by others.
 STATS_COLUMNS = {
     stream: tuple(dict.fromkeys(c for c in KEYS[stream] + CLUSTER_BY[stream] if not c.startswith("_")))
     for stream in LANDING

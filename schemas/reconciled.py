@@ -28,8 +28,7 @@ TXN_LIFECYCLE = Schema(
     key=("broker_name", "uniq_key"),
 )
 
-# Delta keeps min/max statistics for these only: collecting them for every column costs a full write
-# about a third of its time, and queries go by state and time.
+# The columns Delta keeps file statistics for: queries go by identity, state and time.
 LIFECYCLE_STATS_COLUMNS = ("broker_name", "uniq_key", "state", "born_ts", "first_copy_ts", "first_commit_ts")
 
 OFFSET_COMMITS = Schema(
