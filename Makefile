@@ -45,9 +45,9 @@ airflow: $(AIRFLOW_VENV)/.installed-stamp
 package: setup
 	$(BIN)/python -m jobs.package
 
-# Two workers, one test file each at a time: Spark tests wait on latency as much as on CPU.
+# Two workers, one test file each at a time, the longest files first (tests/conftest.py).
 test: lint browser airflow
-	$(BIN)/pytest -n 2 --dist loadfile
+	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # The main job: simulate the default profile (100,000 transactions) into landing/demo, ingest,
 # reconcile, check data quality, write the dashboard, and score the anomalies against the model's truth.

@@ -14,8 +14,33 @@ from jobs.config import Config, load_config
 from jobs.session import build_session
 
 REPO = Path(__file__).resolve().parent.parent
+TEST_DEFAULTS = REPO / "tests" / "spark-conf" / "spark-defaults.conf"
 # Read by every Spark the suite starts, here or in a subprocess (a test that needs its own sets another).
-os.environ.setdefault("SPARK_CONF_DIR", str(REPO / "tests" / "spark-conf"))
+os.environ.setdefault("SPARK_CONF_DIR", str(TEST_DEFAULTS.parent))
+
+
+# The files that take minutes, longest first (measured on 2 cores). xdist hands whole files out in
+# collection order (`make test` turns off its reordering by test count), so both workers finish
+# together instead of one running the longest file alone at the end.
+SLOWEST_FIRST = ("test_reconcile.py", "test_outputs.py", "test_ingest.py", "test_incremental.py", "test_cluster.py",
+                 "test_quality.py", "test_ingest_kill.py", "test_metastore.py", "test_transforms.py")  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order otherwise kept
+
+
+def add_test_defaults(conf_file: Path) -> None:
+    """Append the suite's Spark defaults to a spark-defaults.conf a test had written for its own jobs."""
+    with conf_file.open("a", encoding="utf-8") as f:
+        f.write(TEST_DEFAULTS.read_text(encoding="utf-8"))
+
+
+def suite_java_options() -> str:
+    """The JVM flags of the suite's Spark defaults, for daemons that read no spark-defaults.conf."""
+    line = next(x for x in TEST_DEFAULTS.read_text().splitlines() if x.startswith("spark.driver.defaultJavaOptions"))
+    return line.split(maxsplit=1)[1]
 
 
 @pytest.fixture(scope="session")

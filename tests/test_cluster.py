@@ -22,6 +22,7 @@ from jobs import package
 from jobs.config import Config
 from jobs.reconcile import reconcile
 from schemas.reconciled import ANOMALIES, TXN_LIFECYCLE
+from tests.conftest import add_test_defaults, suite_java_options
 from tests.test_ingest import fresh_db, ingest, make_landing
 
 pytestmark = pytest.mark.spark
@@ -40,8 +41,9 @@ def _free_port() -> int:
 def _start(args: list[str], log: Path, ready: str, timeout: float = 90) -> subprocess.Popen[bytes]:
     """Start a Spark daemon in its own process group and wait for `ready` in its log."""
     handle = log.open("wb")
+    env = {**os.environ, **SPARK_ENV, "SPARK_DAEMON_JAVA_OPTS": suite_java_options()}
     proc = subprocess.Popen([str(BIN / "spark-class"), *args], stdout=handle, stderr=subprocess.STDOUT,
-                            start_new_session=True, env={**os.environ, **SPARK_ENV})  # fmt: skip
+                            start_new_session=True, env=env)  # fmt: skip
     deadline = time.monotonic() + timeout
     while ready not in log.read_text(errors="replace"):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -107,14 +109,14 @@ def test_ingest_and_reconcile_on_a_standalone_cluster_equal_local_mode(
         "spark": {"delta_jars": "local", "jars_dir": str(ROOT / ".jars"),
                   "conf": {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                            "spark.ui.enabled": "false", "spark.cores.max": "2", "spark.executor.memory": "1g",
-                           "spark.sql.shuffle.partitions": "4", "spark.locality.wait": "0s",
-                           "spark.sql.codegen.wholeStage": "false"}},  # tiny data: see tests/spark-conf
+                           "spark.sql.shuffle.partitions": "4", "spark.locality.wait": "0s"}},
     }  # fmt: skip
     (root / "cluster.yaml").write_text(yaml.safe_dump(settings))
     spark_conf = [str(BIN / "txn-recon"), "spark-conf", "--env", "cluster", "--conf", str(root / "cluster.yaml"),
                   "--out", str(root / "spark-conf")]  # fmt: skip
     conf = subprocess.run(spark_conf, cwd=ROOT, capture_output=True, text=True)
     assert conf.returncode == 0, conf.stderr
+    add_test_defaults(root / "spark-conf" / "spark-defaults.conf")  # tiny data: see tests/spark-conf
 
     for job, args in (("ingest", ["--landing", str(landing)]), ("reconcile", [])):
         done = _submit(url, root, job, *args)

@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from broker.landing import LandingWriter
 from broker.profiles import PROFILES
 from broker.simulation import simulate
-from tests.conftest import REPO
+from tests.conftest import REPO, add_test_defaults
 
 pytestmark = pytest.mark.spark
 
@@ -169,6 +169,7 @@ def test_readme_queries_run_as_written_in_spark_sql(shipped: Shipped, spark: Spa
     conf = subprocess.run([str(BIN / "txn-recon"), "spark-conf", "--warehouse", str(shipped.warehouse), "--out",
                            str(tmp_path / "conf")], capture_output=True, text=True, cwd=REPO, timeout=120)  # fmt: skip
     assert conf.returncode == 0, conf.stderr
+    add_test_defaults(tmp_path / "conf" / "spark-defaults.conf")
     env = {**os.environ, "SPARK_CONF_DIR": str(tmp_path / "conf"), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run([str(BIN / "spark-sql"), "-f", str(tmp_path / "queries.sql")], capture_output=True,
                           text=True, cwd=tmp_path, env=env, timeout=600)  # fmt: skip
