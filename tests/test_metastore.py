@@ -74,8 +74,9 @@ def test_second_process_queries_by_name(warehouse: Path) -> None:
 def test_job_module_runs_under_spark_submit(warehouse: Path) -> None:
     conf = _run([str(BIN / "txn-recon"), "spark-conf", "--warehouse", str(warehouse)])
     assert conf.returncode == 0, conf.stderr
-    add_test_defaults(Path(conf.stdout.strip()))
-    env = {**os.environ, "SPARK_CONF_DIR": str(Path(conf.stdout.strip()).parent),
+    defaults = Path(conf.stdout.strip())
+    add_test_defaults(defaults)
+    env = {**os.environ, "SPARK_CONF_DIR": str(defaults.parent),
            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     query = "SELECT count(*) AS n FROM txn_recon.offset"
     done = _run([str(BIN / "spark-submit"), "jobs/sql.py", "--warehouse", str(warehouse), "--format", "json", query],
