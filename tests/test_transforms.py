@@ -10,13 +10,15 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 
 from transforms.anomalies import (
+    Finding,
     all_anomalies,
-    discarded,
-    duplicate_commits,
+    discard,
+    duplicate_commit,
+    findings,
     offset_commits,
     offset_regressions,
-    orphaned_commits,
-    stuck_halves,
+    orphaned_commit,
+    stuck_half,
 )
 from transforms.lifecycle import Rules, facts, lifecycle, resolutions, resolved_offsets
 
@@ -103,6 +105,11 @@ def test_lifecycle_states(spark: SparkSession) -> None:
     assert (o["copies"], o["first_copy_ts"], o["real_topic"], o["producer_group"]) == (0, None, "orders", "pg")
 
 
+def found(life: DataFrame, rule: list[Finding], as_of: int) -> list[Any]:
+    """The anomaly rows one rule's findings give on a lifecycle."""
+    return life.transform(findings(*rule, as_of=as_of)).collect()
+
+
 @pytest.mark.parametrize(
     ("after_last_copy", "expected"), [(36_000, ("PENDING", None)), (36_001, ("DISCARDED", "MAX_CHECKS"))]
 )
@@ -113,9 +120,9 @@ def test_exactly_check_max_checks_before_and_after_the_discard_window(
     last = 1_000 + 30_000 * 15
     life = build(spark, copies, [], [], as_of=last + after_last_copy)
     assert states(life) == {"M": expected}
-    kinds = [r["anomaly_type"] for r in life.transform(discarded(last + after_last_copy)).collect()]
+    kinds = [r["anomaly_type"] for r in found(life, discard(), last + after_last_copy)]
     assert kinds == (["DISCARDED_AFTER_MAX_CHECKS"] if expected[0] == "DISCARDED" else [])
-    stuck = life.transform(stuck_halves(last + after_last_copy, RULES)).collect()
+    stuck = found(life, stuck_half(last + after_last_copy, RULES), last + after_last_copy)
     assert len(stuck) == (1 if expected[0] == "PENDING" else 0)
 
 
@@ -190,9 +197,9 @@ def test_results_do_not_depend_on_partitions_or_input_order(spark: SparkSession)
 
 def test_duplicate_and_stuck_details(spark: SparkSession) -> None:
     life = build(spark, [half("S", 0, 1_000)], [], [commit("X", 0, 10, None), commit("X", 1, 20, None)], 70_000)
-    [stuck] = life.transform(stuck_halves(70_000, RULES)).collect()
+    [stuck] = found(life, stuck_half(70_000, RULES), 70_000)
     assert json.loads(stuck["detail"]) == {"age_ms": 69_000, "broker_still_checking": False, "copies": 1,
                                            "check_times": 0, "producer_group": "pg"}  # fmt: skip
-    [dup] = life.transform(duplicate_commits(70_000)).collect()
+    [dup] = found(life, duplicate_commit(), 70_000)
     assert (dup["uniq_key"], dup["event_ts"], json.loads(dup["detail"])["commit_count"]) == ("X", 20, 2)
-    assert [r["reason"] for r in life.transform(orphaned_commits(70_000, RULES)).collect()] == ["NO_HALF"]
+    assert [r["reason"] for r in found(life, orphaned_commit(70_000, RULES), 70_000)] == ["NO_HALF"]

@@ -1,6 +1,7 @@
 """The anomaly rules of DESIGN §2, one function per type. Pure DataFrame -> DataFrame.
 
-Every function returns rows in the `anomalies` schema. `anomaly_id` is a SHA-256 of the type and the
+A transaction rule names its `Finding`s about a lifecycle row; `findings` turns any set of them into
+rows of the `anomalies` schema, as `offset_regressions` does for commits. `anomaly_id` is a SHA-256 of the type and the
 key, (type, broker_name, uniq_key, reason) for transactions and (broker_name, consumer_group, topic,
 queue_id, commit_timestamp, seq) for offset regressions, so reruns update rather than duplicate.
 """
@@ -8,11 +9,11 @@ queue_id, commit_timestamp, seq) for offset regressions, so reruns update rather
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from schemas.reconciled import ANOMALIES
 from transforms.frames import union_all
 from transforms.lifecycle import DISCARDED, EXPIRED, MAX_CHECKS, PENDING, Rules, age
 
@@ -25,82 +26,83 @@ def _json(detail: Column) -> Column:
     return F.to_json(detail, {"ignoreNullFields": "false"})
 
 
-def _rows(df: DataFrame, kind: str | Column, reason: Column, event_ts: Column, detail: Column, as_of: int) -> DataFrame:
-    """Shape transaction findings into anomaly rows."""
-    kind_col = F.lit(kind) if isinstance(kind, str) else kind
-    out = df.select(
-        kind_col.alias("anomaly_type"), reason.alias("reason"), "broker_name", "uniq_key",
-        F.lit(None).cast("string").alias("consumer_group"), F.lit(None).cast("string").alias("topic"),
-        F.lit(None).cast("int").alias("queue_id"), event_ts.alias("event_ts"), F.lit(as_of).alias("as_of"),
-        _json(detail).alias("detail"),
-    )  # fmt: skip
-    key = F.concat_ws("|", "anomaly_type", "broker_name", "uniq_key", F.coalesce("reason", F.lit("")))
-    return out.select(F.sha2(key, 256).alias("anomaly_id"), *ANOMALIES.names[1:])
+@dataclass(frozen=True)
+class Finding:
+    """One rule's finding about a lifecycle row: when it `holds`, and the anomaly it records."""
+
+    kind: Column
+    reason: Column
+    holds: Column
+    event_ts: Column
+    detail: Column  # a struct, stored as JSON
 
 
-def stuck_halves(as_of: int, rules: Rules) -> Callable[[DataFrame], DataFrame]:
-    """PENDING for at least stuck_after_ms; says whether the broker still checks it."""
-
-    def transform(lifecycle_df: DataFrame) -> DataFrame:
-        still_checking = age(as_of, "last_copy_ts") <= 2 * rules.check_interval_ms + rules.transaction_timeout_ms
-        stuck = lifecycle_df.where((F.col("state") == PENDING) & (age(as_of, "born_ts") >= rules.stuck_after_ms))
-        detail = F.struct(age(as_of, "born_ts").alias("age_ms"), still_checking.alias("broker_still_checking"),
-                          "copies", "check_times", "producer_group")  # fmt: skip
-        return _rows(stuck, "STUCK_HALF", F.lit(None).cast("string"), F.col("born_ts"), detail, as_of)
-
-    return transform
-
-
-def discarded(as_of: int) -> Callable[[DataFrame], DataFrame]:
-    """DISCARDED_AFTER_MAX_CHECKS and DISCARDED_EXPIRED, by the lifecycle's discard reason."""
+def findings(*found: Finding, as_of: int) -> Callable[[DataFrame], DataFrame]:
+    """Lifecycle rows into anomaly rows, every finding in one pass: each row carries the findings that
+    hold for it, exploded, so the lifecycle is read once however many rules there are."""
+    hits = F.array(*(
+        F.when(f.holds, F.struct(f.kind.alias("anomaly_type"), f.reason.cast("string").alias("reason"),
+                                 f.event_ts.cast("bigint").alias("event_ts"), _json(f.detail).alias("detail")))
+        for f in found
+    ))  # fmt: skip
 
     def transform(lifecycle_df: DataFrame) -> DataFrame:
-        found = lifecycle_df.where(F.col("state") == DISCARDED)
-        kind = F.when(F.col("reason") == MAX_CHECKS, "DISCARDED_AFTER_MAX_CHECKS").when(
-            F.col("reason") == EXPIRED, "DISCARDED_EXPIRED"
+        out = lifecycle_df.select(
+            "broker_name", "uniq_key", F.explode(F.filter(hits, lambda h: h.isNotNull())).alias("f")
         )
-        detail = F.struct("check_times", "copies", (F.col("discard_ts").isNotNull()).alias("has_evidence"))
-        return _rows(found, kind, F.col("reason"), F.coalesce("discard_ts", "last_copy_ts"), detail, as_of)
+        key = F.concat_ws("|", "f.anomaly_type", "broker_name", "uniq_key", F.coalesce("f.reason", F.lit("")))
+        return out.select(
+            F.sha2(key, 256).alias("anomaly_id"), "f.anomaly_type", "f.reason", "broker_name", "uniq_key",
+            F.lit(None).cast("string").alias("consumer_group"), F.lit(None).cast("string").alias("topic"),
+            F.lit(None).cast("int").alias("queue_id"), "f.event_ts", F.lit(as_of).alias("as_of"), "f.detail",
+        )  # fmt: skip
 
     return transform
 
 
-def orphaned_commits(as_of: int, rules: Rules) -> Callable[[DataFrame], DataFrame]:
+def stuck_half(as_of: int, rules: Rules) -> list[Finding]:
+    """PENDING for at least stuck_after_ms; says whether the broker still checks it."""
+    still_checking = age(as_of, "last_copy_ts") <= 2 * rules.check_interval_ms + rules.transaction_timeout_ms
+    detail = F.struct(age(as_of, "born_ts").alias("age_ms"), still_checking.alias("broker_still_checking"),
+                      "copies", "check_times", "producer_group")  # fmt: skip
+    holds = (F.col("state") == PENDING) & (age(as_of, "born_ts") >= rules.stuck_after_ms)
+    return [Finding(F.lit("STUCK_HALF"), F.lit(None), holds, F.col("born_ts"), detail)]
+
+
+def discard() -> list[Finding]:
+    """DISCARDED_AFTER_MAX_CHECKS and DISCARDED_EXPIRED, by the lifecycle's discard reason."""
+    kind = F.when(F.col("reason") == MAX_CHECKS, "DISCARDED_AFTER_MAX_CHECKS").when(
+        F.col("reason") == EXPIRED, "DISCARDED_EXPIRED"
+    )
+    detail = F.struct("check_times", "copies", (F.col("discard_ts").isNotNull()).alias("has_evidence"))
+    event_ts = F.coalesce("discard_ts", "last_copy_ts")
+    return [Finding(kind, F.col("reason"), F.col("state") == DISCARDED, event_ts, detail)]
+
+
+def orphaned_commit(as_of: int, rules: Rules) -> list[Finding]:
     """Commits with no half (NO_HALF), with halves none of which is resolved op_grace_ms after the first
     commit (NO_OP), stored after the discard (AFTER_DISCARD), or pointing at no copy (OFFSET_MISMATCH)."""
-
-    def transform(lifecycle_df: DataFrame) -> DataFrame:
-        committed = lifecycle_df.where(F.col("commit_count") > 0)
-        has_half = F.col("copies") > 0
-        after_discard = F.filter("commit_ts", lambda t: t > F.col("discard_ts"))
-        stray = F.array_except("prepared_offsets", "copy_offsets")
-        rules_by_reason: list[tuple[str, Column, Column, Column]] = [
-            ("NO_HALF", ~has_half, F.col("first_commit_ts"), F.struct("commit_count")),
-            ("NO_OP", has_half & F.col("resolved_ts").isNull() & (age(as_of, "first_commit_ts") > rules.op_grace_ms),
-             F.col("first_commit_ts"), F.struct("commit_count", age(as_of, "first_commit_ts").alias("unresolved_ms"))),
-            ("AFTER_DISCARD", F.col("discard_ts").isNotNull() & (F.size(after_discard) > 0),
-             F.element_at(after_discard, 1), F.struct("discard_ts", "commit_count")),
-            ("OFFSET_MISMATCH", has_half & (F.size(stray) > 0), F.col("first_commit_ts"),
-             F.struct(stray.alias("prepared_offsets"), "copy_offsets")),
-        ]  # fmt: skip
-        return union_all([
-            _rows(committed.where(cond), "ORPHANED_COMMIT", F.lit(reason), ts, detail, as_of)
-            for reason, cond, ts, detail in rules_by_reason
-        ])  # fmt: skip
-
-    return transform
+    committed, has_half = F.col("commit_count") > 0, F.col("copies") > 0
+    after_discard = F.filter("commit_ts", lambda t: t > F.col("discard_ts"))
+    stray = F.array_except("prepared_offsets", "copy_offsets")
+    by_reason: list[tuple[str, Column, Column, Column]] = [
+        ("NO_HALF", ~has_half, F.col("first_commit_ts"), F.struct("commit_count")),
+        ("NO_OP", has_half & F.col("resolved_ts").isNull() & (age(as_of, "first_commit_ts") > rules.op_grace_ms),
+         F.col("first_commit_ts"), F.struct("commit_count", age(as_of, "first_commit_ts").alias("unresolved_ms"))),
+        ("AFTER_DISCARD", F.col("discard_ts").isNotNull() & (F.size(after_discard) > 0),
+         F.element_at(after_discard, 1), F.struct("discard_ts", "commit_count")),
+        ("OFFSET_MISMATCH", has_half & (F.size(stray) > 0), F.col("first_commit_ts"),
+         F.struct(stray.alias("prepared_offsets"), "copy_offsets")),
+    ]  # fmt: skip
+    return [Finding(F.lit("ORPHANED_COMMIT"), F.lit(reason), committed & cond, ts, detail)
+            for reason, cond, ts, detail in by_reason]  # fmt: skip
 
 
-def duplicate_commits(as_of: int) -> Callable[[DataFrame], DataFrame]:
+def duplicate_commit() -> list[Finding]:
     """More than one final message for one transaction; the event is the second commit."""
-
-    def transform(lifecycle_df: DataFrame) -> DataFrame:
-        found = lifecycle_df.where(F.col("commit_count") > 1)
-        detail = F.struct("commit_count", "commit_ts")
-        return _rows(found, "DUPLICATE_COMMIT", F.lit(None).cast("string"), F.element_at("commit_ts", 2), detail,
-                     as_of)  # fmt: skip
-
-    return transform
+    detail = F.struct("commit_count", "commit_ts")
+    return [Finding(F.lit("DUPLICATE_COMMIT"), F.lit(None), F.col("commit_count") > 1, F.element_at("commit_ts", 2),
+                    detail)]  # fmt: skip
 
 
 def offset_commits(offset_df: DataFrame) -> DataFrame:
@@ -153,12 +155,8 @@ def offset_regressions(real_df: DataFrame, as_of: int) -> Callable[[DataFrame], 
 
 def transaction_anomalies(lifecycle_df: DataFrame, as_of: int, rules: Rules) -> DataFrame:
     """The findings about transactions: every type but OFFSET_REGRESSION."""
-    return union_all([
-        lifecycle_df.transform(stuck_halves(as_of, rules)),
-        lifecycle_df.transform(discarded(as_of)),
-        lifecycle_df.transform(orphaned_commits(as_of, rules)),
-        lifecycle_df.transform(duplicate_commits(as_of)),
-    ])  # fmt: skip
+    every = [*stuck_half(as_of, rules), *discard(), *orphaned_commit(as_of, rules), *duplicate_commit()]
+    return lifecycle_df.transform(findings(*every, as_of=as_of))
 
 
 def all_anomalies(lifecycle_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int,
