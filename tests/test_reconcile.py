@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,22 +66,39 @@ def test_precision_and_recall_are_one_for_every_profile_and_seed(
     assert not [r for r in found if r["broker_name"].split("/")[0] in clean_prefixes]
 
 
+@dataclass(frozen=True)
+class Reconciled:
+    """A chaos landing ingested and reconciled once, in a database of its own."""
+
+    cfg: Config
+    landing: Path
+    meta: dict[str, Any]
+    counts: dict[str, int]
+
+
+@pytest.fixture(scope="module")
+def reconciled(spark: SparkSession, config: Config, tmp_path_factory: pytest.TempPathFactory) -> Reconciled:
+    """Seed 25 has a transaction committed 114 s after it was born; the tests below each start from the
+    first reconcile and leave the tables as of the latest event, as they found them."""
+    cfg = fresh_db(spark, config, "t_reconcile")
+    landing = tmp_path_factory.mktemp("reconcile") / "landing"
+    meta = make_landing(landing, n=150, seed=25)
+    ingest(spark, cfg, landing, "run-1")
+    return Reconciled(cfg, landing, meta, reconcile(spark, cfg))
+
+
 def _table(spark: SparkSession, cfg: Config, name: str) -> list[tuple[Any, ...]]:
     return sorted(tuple(r) for r in spark.table(cfg.table(name)).collect())
 
 
 def test_reconcile_job_scores_perfectly_and_a_rerun_changes_nothing(
-    spark: SparkSession, config: Config, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: SparkSession, reconciled: Reconciled, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cfg = fresh_db(spark, config, "t_reconcile")
-    landing = tmp_path / "landing"
-    meta = make_landing(landing, n=150, seed=21)
-    ingest(spark, cfg, landing, "run-1")
-    counts = reconcile(spark, cfg)
-    assert counts == meta["anomalies"]
+    cfg, meta = reconciled.cfg, reconciled.meta
+    assert reconciled.counts == meta["anomalies"]
 
     truth: dict[str, set[Any]] = {}
-    for line in (landing / "_truth/anomalies.jsonl").read_text().splitlines():
+    for line in (reconciled.landing / "_truth/anomalies.jsonl").read_text().splitlines():
         a = json.loads(line)
         truth.setdefault(a["anomaly_type"], set()).add(truth_key(a))
     rows = [r.asDict() for r in spark.table(cfg.table("anomalies")).collect()]
@@ -92,12 +111,13 @@ def test_reconcile_job_scores_perfectly_and_a_rerun_changes_nothing(
 
     # The score command: perfect here, and a truth with one more finding is a false negative, exit 1.
     conf = tmp_path / "db.yaml"
-    conf.write_text("database: t_reconcile\n")
-    cli = ["score", "--truth", str(landing), "--conf", str(conf), "--warehouse", cfg.warehouse]
+    conf.write_text(f"database: {cfg.database}\n")
+    shutil.copytree(reconciled.landing / "_truth", tmp_path / "_truth")
+    cli = ["score", "--truth", str(tmp_path), "--conf", str(conf), "--warehouse", cfg.warehouse]
     assert main(cli) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "score: all types perfect"
     extra = {"anomaly_type": "STUCK_HALF", "reason": None, "broker_name": "broker-z", "uniq_key": "NOPE"}
-    with (landing / "_truth/anomalies.jsonl").open("a") as f:
+    with (tmp_path / "_truth/anomalies.jsonl").open("a") as f:
         f.write(json.dumps(extra) + "\n")
     assert main(cli) == 1
     out = capsys.readouterr().out
@@ -114,12 +134,8 @@ def test_reconcile_job_scores_perfectly_and_a_rerun_changes_nothing(
     assert (last["mode"], last["queues"]) == ("incremental", 0)
 
 
-def test_a_later_run_clears_a_stuck_half_that_committed(spark: SparkSession, config: Config, tmp_path: Path) -> None:
-    cfg = fresh_db(spark, config, "t_reconcile_later")
-    landing = tmp_path / "landing"
-    make_landing(landing, n=150, seed=25)  # seed 25 has a transaction committed 114 s after it was born
-    ingest(spark, cfg, landing, "run-1")
-    reconcile(spark, cfg)
+def test_a_later_run_clears_a_stuck_half_that_committed(spark: SparkSession, reconciled: Reconciled) -> None:
+    cfg = reconciled.cfg
     row = (
         spark.table(cfg.table("txn_lifecycle"))
         .where("state = 'COMMITTED' AND discard_ts IS NULL AND first_commit_ts - born_ts BETWEEN 60000 AND 400000")
