@@ -1,9 +1,10 @@
 """The anomaly rules of DESIGN §2, one function per type. Pure DataFrame -> DataFrame.
 
 A transaction rule names its `Finding`s about a lifecycle row; `findings` turns any set of them into
-rows of the `anomalies` schema, as `offset_regressions` does for commits. `anomaly_id` is a SHA-256 of the type and the
-key, (type, broker_name, uniq_key, reason) for transactions and (broker_name, consumer_group, topic,
-queue_id, commit_timestamp, seq) for offset regressions, so reruns update rather than duplicate.
+rows of the `anomalies` schema, as `offset_regressions` does for commits. `anomaly_id` is a SHA-256 of
+the type and the key, (type, broker_name, uniq_key, reason) for transactions and (broker_name,
+consumer_group, topic, queue_id, commit_timestamp, seq) for offset regressions, so reruns update
+rather than duplicate.
 """
 
 from __future__ import annotations
