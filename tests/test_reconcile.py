@@ -78,8 +78,8 @@ class Reconciled:
 
 @pytest.fixture(scope="module")
 def reconciled(spark: SparkSession, config: Config, tmp_path_factory: pytest.TempPathFactory) -> Reconciled:
-    """Seed 25 has a transaction committed 114 s after it was born; the tests below each start from the
-    first reconcile and leave the tables as of the latest event, as they found them."""
+    """Seed 25 has a transaction committed 114 s after it was born. Both tests below find the tables
+    reconciled as of the latest event, and leave them that way."""
     cfg = fresh_db(spark, config, "t_reconcile")
     landing = tmp_path_factory.mktemp("reconcile") / "landing"
     meta = make_landing(landing, n=150, seed=25)
