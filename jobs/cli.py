@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from jobs import ingest, pipeline, quality, reconcile, report, score, simulate, spark_conf, sql
+from jobs import export_store, ingest, pipeline, quality, reconcile, report, score, simulate, spark_conf, sql
 from jobs.config import ENVIRONMENTS, load_config
 from jobs.errors import TxnReconError
 from jobs.lock import LockedError
@@ -30,6 +30,11 @@ Job = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namesp
 # name -> (add_arguments(parser), run(args, config) -> exit code, one-line help)
 JOBS: dict[str, Job] = {
     "simulate": (simulate.add_arguments, simulate.run, "run the broker model: landing folders and truth (no Spark)"),
+    "export-store": (
+        export_store.add_arguments,
+        export_store.run,
+        "a RocketMQ broker's store folder into landing files (no Spark)",
+    ),
     "ingest": (ingest.add_arguments, ingest.run, "land new landing files in the bronze Delta tables"),
     "reconcile": (reconcile.add_arguments, reconcile.run, "transaction lifecycles and anomalies as of a data time"),
     "quality": (quality.add_arguments, quality.run, "Great Expectations suites on the tables; dq_results, Data Docs"),

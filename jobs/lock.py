@@ -22,7 +22,14 @@ def warehouse_lock(config: Config, job: str) -> Iterator[None]:
     if not config.is_local_warehouse:  # on a cluster the scheduler serialises jobs
         yield
         return
-    path = Path(config.warehouse) / ".txn-recon.lock"
+    with folder_lock(Path(config.warehouse), f"the warehouse {config.warehouse}", job):
+        yield
+
+
+@contextmanager
+def folder_lock(folder: Path, what: str, job: str, name: str = ".txn-recon.lock") -> Iterator[None]:
+    """An exclusive lock file in `folder`; LockedError names the holder when another process has it."""
+    path = folder / name
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+", encoding="utf-8") as handle:
         try:
@@ -30,8 +37,7 @@ def warehouse_lock(config: Config, job: str) -> Iterator[None]:
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
-            message = f"the warehouse {config.warehouse} is in use by {holder}; try again when it ends"
-            raise LockedError(message) from None
+            raise LockedError(f"{what} is in use by {holder}; try again when it ends") from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"txn-recon {job} (pid {os.getpid()})")

@@ -18,6 +18,7 @@ from transforms.anomalies import (
     offset_commits,
     offset_regressions,
     orphaned_commit,
+    rechecked_after_resolution,
     stuck_half,
 )
 from transforms.lifecycle import Rules, facts, lifecycle, resolutions, resolved_offsets
@@ -65,7 +66,7 @@ def test_op_bodies_both_formats(spark: SparkSession) -> None:
     assert_df_equality(resolved_offsets(ops), expected, ignore_row_order=True, ignore_nullable=True)
 
 
-def test_resolution_through_own_offset_prepared_offset_and_out_of_order_op(spark: SparkSession) -> None:
+def test_resolution_through_own_offset_only_and_out_of_order_op(spark: SparkSession) -> None:
     halves = spark.createDataFrame([
         half("A", 0, 20), half("A", 5, 30_000, checks=1),  # resolved through a later check copy
         half("I", 2, 21), half("I", 7, 30_001, checks=1, prepared=2),  # an immunity copy of offset 2
@@ -74,10 +75,12 @@ def test_resolution_through_own_offset_prepared_offset_and_out_of_order_op(spark
     ], HALF)  # fmt: skip
     ops = spark.createDataFrame([("b", 0, 0, 30_010, "5,2,"), ("b", 0, 1, 400, "9")], OP)
     life = facts(halves, resolutions(halves, resolved_offsets(ops)), spark.createDataFrame([], REAL))
-    got = {r["uniq_key"]: r["resolved_ts"] for r in life.transform(lifecycle(40_000, RULES)).collect()}
-    assert got == {"A": 30_010, "I": 30_010, "P": 400, "N": None}
+    rows = {r["uniq_key"]: r for r in life.transform(lifecycle(40_000, RULES)).collect()}
+    got = {k: (r["resolved_ts"], r["last_check_resolved"], r["unresolved_checks"]) for k, r in rows.items()}
+    # The op lists I's original, not its immunity copy: a real broker leaves that copy open (DESIGN §2).
+    assert got == {"A": (30_010, True, 0), "I": (30_010, False, 1), "P": (400, None, 0), "N": (None, None, 0)}
     by_copy = sorted(tuple(r) for r in resolutions(halves, resolved_offsets(ops)).collect())
-    assert by_copy == [("b", "A", 30_010), ("b", "I", 30_010), ("b", "I", 30_010), ("b", "P", 400)]
+    assert by_copy == [("b", "A", 5, 30_010), ("b", "I", 2, 30_010), ("b", "P", 9, 400)]
 
 
 def test_lifecycle_states(spark: SparkSession) -> None:
@@ -203,3 +206,31 @@ def test_duplicate_and_stuck_details(spark: SparkSession) -> None:
     [dup] = found(life, duplicate_commit(), 70_000)
     assert (dup["uniq_key"], dup["event_ts"], json.loads(dup["detail"])["commit_count"]) == ("X", 20, 2)
     assert [r["reason"] for r in found(life, orphaned_commit(70_000, RULES), 70_000)] == ["NO_HALF"]
+
+
+def test_rechecked_after_resolution(spark: SparkSession) -> None:
+    halves = [
+        half("C", 0, 1_000),
+        half("C", 5, 3_000, checks=1),  # committed; its op came after the check copy
+        half("R", 1, 1_000),
+        half("R", 6, 3_000, checks=1),  # rolled back the same way
+        half("T", 2, 1_000),
+        half("T", 7, 3_000, checks=1),  # checked too early, answered: committed twice
+        half("E", 3, 1_000),
+        half("E", 8, 3_000, checks=1),
+        half("E", 9, 5_000, checks=2),  # last copy resolved
+        half("U", 4, 1_000),
+        half("U", 10, 3_000, checks=1),  # never resolved: pending, not rechecked
+    ]
+    ops = [("b", 0, 0, 4_500, "0,1,2,3,"), ("b", 0, 1, 9_000, "7,9,")]
+    reals = [commit("C", 0, 1_100, 0), commit("T", 1, 1_100, 200), commit("T", 2, 3_100, 700),
+             ("b", "TRANS_CHECK_MAX_TIME_TOPIC", 0, 0, 8_000, "C", 0, True, None, "pg")]  # fmt: skip
+    life = build(spark, halves, ops, reals, as_of=10_000)
+    got = {r["uniq_key"]: (r["event_ts"], json.loads(r["detail"]))
+           for r in found(life, rechecked_after_resolution(), 10_000)}  # fmt: skip
+    assert got == {
+        "C": (4_500, {"state": "COMMITTED", "unresolved_checks": 1, "check_times": 1, "op_lag_ms": 3_400,
+                      "discarded": True, "committed_twice": False}),
+        "R": (4_500, {"state": "ROLLED_BACK", "unresolved_checks": 1, "check_times": 1, "op_lag_ms": None,
+                      "discarded": False, "committed_twice": False}),
+    }  # fmt: skip

@@ -106,6 +106,19 @@ def duplicate_commit() -> list[Finding]:
                     detail)]  # fmt: skip
 
 
+def rechecked_after_resolution() -> list[Finding]:
+    """Resolved by an op, but the last check copy no op lists: the broker wrote it before the op reached
+    it and keeps checking it until a check answer commits it again or it is discarded. The event is the
+    first resolution; `op_lag_ms` is how long after the first commit the op was stored."""
+    detail = F.struct(
+        "state", "unresolved_checks", "check_times",
+        (F.col("resolved_ts") - F.col("first_commit_ts")).alias("op_lag_ms"),
+        F.col("discard_ts").isNotNull().alias("discarded"), (F.col("commit_count") > 1).alias("committed_twice"),
+    )  # fmt: skip
+    holds = F.col("resolved_ts").isNotNull() & ~F.coalesce(F.col("last_check_resolved"), F.lit(True))
+    return [Finding(F.lit("RECHECKED_AFTER_RESOLUTION"), F.lit(None), holds, F.col("resolved_ts"), detail)]
+
+
 def offset_commits(offset_df: DataFrame) -> DataFrame:
     """Silver offset commits: each with the queue's previous commit, ordered by (commit_timestamp, seq)."""
     order = Window.partitionBy(*OFFSET_KEY).orderBy("commit_timestamp", "seq", "offset", "client_id")
@@ -142,7 +155,11 @@ def offset_regressions(real_df: DataFrame, as_of: int) -> Callable[[DataFrame], 
             "redelivery_estimate", "seq",
         )  # fmt: skip
         key = F.concat_ws(
-            "|", F.lit("OFFSET_REGRESSION"), *OFFSET_KEY, "commit_timestamp", F.coalesce("seq", F.lit(""))
+            "|",
+            F.lit("OFFSET_REGRESSION"),
+            *OFFSET_KEY,
+            "commit_timestamp",
+            F.coalesce(F.col("seq").cast("string"), F.lit("")),
         )
         return redelivered.select(
             F.sha2(key, 256).alias("anomaly_id"), F.lit("OFFSET_REGRESSION").alias("anomaly_type"),
@@ -156,7 +173,8 @@ def offset_regressions(real_df: DataFrame, as_of: int) -> Callable[[DataFrame], 
 
 def transaction_anomalies(lifecycle_df: DataFrame, as_of: int, rules: Rules) -> DataFrame:
     """The findings about transactions: every type but OFFSET_REGRESSION."""
-    every = [*stuck_half(as_of, rules), *discard(), *orphaned_commit(as_of, rules), *duplicate_commit()]
+    every = [*stuck_half(as_of, rules), *discard(), *orphaned_commit(as_of, rules), *duplicate_commit(),
+             *rechecked_after_resolution()]  # fmt: skip
     return lifecycle_df.transform(findings(*every, as_of=as_of))
 
 

@@ -1,9 +1,11 @@
 """Bronze events into one lifecycle row per transaction (DESIGN §2). Pure DataFrame -> DataFrame.
 
 Identity is (broker_name, uniq_key). A half copy is resolved when an op on the same broker and queue
-lists its queue offset or its prepared_queue_offset. A commit is a real record with the identity whose
-transaction bits are COMMIT (sys_flag & 0xC == 8) or that carries TRAN_MSG, in any topic but
-TRANS_CHECK_MAX_TIME_TOPIC; a record in that topic is discard evidence.
+lists its queue offset. Listing an immunity copy's prepared_queue_offset does not resolve it: a real
+5.3.3 broker ignores op offsets below its check progress, and the original's always is by then. A
+commit is a real record with the identity whose transaction bits are COMMIT (sys_flag & 0xC == 8) or
+that carries TRAN_MSG, in any topic but TRANS_CHECK_MAX_TIME_TOPIC; a record in that topic is discard
+evidence.
 """
 
 from __future__ import annotations
@@ -65,18 +67,16 @@ def resolved_offsets(op_df: DataFrame) -> DataFrame:
 
 
 def copy_lookups(half_df: DataFrame) -> DataFrame:
-    """(broker_name, uniq_key, queue_id, half_offset): the offsets whose listing resolves a copy: its own
-    queue offset and its prepared_queue_offset (an immunity copy is resolved through the original's)."""
-    own_and_prepared = F.explode(F.array("queue_offset", "prepared_queue_offset")).alias("half_offset")
-    return half_df.select(*ID, "queue_id", own_and_prepared).where(F.col("half_offset").isNotNull())
+    """(broker_name, uniq_key, queue_id, half_offset): the offset whose listing resolves each copy."""
+    return half_df.select(*ID, "queue_id", F.col("queue_offset").alias("half_offset"))
 
 
 def resolutions(half_df: DataFrame, resolved_df: DataFrame) -> DataFrame:
-    """(broker_name, uniq_key, resolved_ts) for every copy offset listed in `resolved_df`."""
+    """(broker_name, uniq_key, half_offset, resolved_ts) for every copy whose offset `resolved_df` lists."""
     return (
         copy_lookups(half_df)
         .join(resolved_df, on=["broker_name", "queue_id", "half_offset"])
-        .select(*ID, "resolved_ts")
+        .select(*ID, "half_offset", "resolved_ts")
     )
 
 
@@ -110,9 +110,9 @@ def facts(half_df: DataFrame, resolutions_df: DataFrame, real_df: DataFrame) -> 
     discard_evidence = (F.col("topic") == DISCARD_TOPIC) & F.col("uniq_key").isNotNull()
     return union_all([
         fact(half_df, HALF_FACT, ts="store_timestamp", grp="producer_group", topic="real_topic",
-             queue_id="real_queue_id", log_offset="commit_log_offset", born_ts="born_timestamp",
-             check_times=F.coalesce("check_times", F.lit(0))),
-        fact(resolutions_df, RESOLVED_FACT, ts="resolved_ts"),
+             queue_id="real_queue_id", queue_offset="queue_offset", log_offset="commit_log_offset",
+             born_ts="born_timestamp", check_times=F.coalesce("check_times", F.lit(0))),
+        fact(resolutions_df, RESOLVED_FACT, ts="resolved_ts", queue_offset="half_offset"),
         fact(real_df.where(is_commit()), COMMIT_FACT, ts="store_timestamp", grp="producer_group", topic="topic",
              queue_id="queue_id", queue_offset="queue_offset", log_offset="prepared_transaction_offset"),
         fact(real_df.where(discard_evidence), DISCARD_FACT, ts="store_timestamp"),
@@ -121,7 +121,8 @@ def facts(half_df: DataFrame, resolutions_df: DataFrame, real_df: DataFrame) -> 
 
 def lifecycle(as_of: int, rules: Rules) -> Callable[[DataFrame], DataFrame]:
     """`facts` into one row per transaction with a half or a commit, with state and reason. Keeps the
-    working columns `commit_ts`, `prepared_offsets` and `copy_offsets` for the anomaly rules."""
+    working columns `commit_ts`, `prepared_offsets`, `copy_offsets`, `last_check_resolved` (null: no check
+    copy) and `unresolved_checks` for the anomaly rules."""
 
     def of(kind: str, col: str | Column) -> Column:  # a fact's column, null for other kinds
         return F.when(F.col("kind") == kind, F.col(col) if isinstance(col, str) else col)
@@ -138,6 +139,9 @@ def lifecycle(as_of: int, rules: Rules) -> Callable[[DataFrame], DataFrame]:
             F.coalesce(F.max(of(HALF_FACT, "check_times")), F.lit(0)).alias("check_times"),
             F.array_sort(F.collect_set(of(HALF_FACT, "log_offset"))).alias("copy_offsets"),
             F.min(of(RESOLVED_FACT, "ts")).alias("resolved_ts"),
+            F.max(of(HALF_FACT, F.when(F.col("check_times") > 0, F.col("queue_offset")))).alias("_last_check"),
+            F.collect_set(of(HALF_FACT, F.when(F.col("check_times") > 0, F.col("queue_offset")))).alias("_checks"),
+            F.collect_set(of(RESOLVED_FACT, "queue_offset")).alias("_resolved"),
             F.count(of(COMMIT_FACT, F.lit(1))).cast("int").alias("commit_count"),
             F.sort_array(F.collect_list(of(COMMIT_FACT, "ts"))).alias("commit_ts"),
             F.min(of(COMMIT_FACT, F.struct("ts", "topic", "queue_id", "queue_offset"))).alias("_first"),
@@ -172,6 +176,9 @@ def lifecycle(as_of: int, rules: Rules) -> Callable[[DataFrame], DataFrame]:
             state.alias("state"),
             F.when(state == DISCARDED, reason).alias("reason"),
             "commit_ts", "prepared_offsets", "copy_offsets",
+            F.when(F.col("_last_check").isNotNull(), F.array_contains("_resolved", F.col("_last_check")))
+            .alias("last_check_resolved"),
+            F.size(F.array_except("_checks", "_resolved")).alias("unresolved_checks"),
         )  # fmt: skip
 
     return transform

@@ -1,0 +1,273 @@
+"""`txn-recon export-store`: a broker's store folder (live or copied) into landing files. No Spark.
+
+Reads `commitlog/` from where the last run stopped and `config/consumerOffset.json`, and writes the half,
+op, real and offset streams of one broker. What a run reached is kept in `<landing>/_export/<broker>.json`
+and saved only after the landing files it wrote are on disk, so a run killed at any point repeats at
+most records that ingest then drops as exact repeats. File names derive from the commit-log position a
+run started at, so such a repeat rewrites the same files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import mmap
+import os
+import re
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from jobs.config import Config
+from jobs.errors import TxnReconError
+from jobs.lock import folder_lock
+from schemas import LANDING
+from schemas.jsonl import line_encoder
+from sources import offsets as offset_file
+from sources.commitlog import Corrupt, DataEnd, FileEnd, Message, scan
+from sources.records import OP_TOPIC, RECORD, stream_of
+
+log = logging.getLogger(__name__)
+RECORDS_PER_FILE = 500_000
+PROGRESS_EVERY = 1_000_000
+_COMMITLOG_NAME = re.compile(r"^\d{20}$")
+_ENCODE = {name: line_encoder(schema) for name, schema in LANDING.items()}
+_KEEP_BODY = frozenset({OP_TOPIC})
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", type=Path, required=True, help="the broker's store folder (storePathRootDir)")
+    parser.add_argument("--landing", type=Path, required=True, help="landing folder to add files to")
+    parser.add_argument("--broker-name", required=True, help="the broker's brokerName (the store does not hold it)")
+
+
+@dataclass
+class State:
+    """What earlier runs exported: the next commit-log position and the last offset of every queue."""
+
+    position: int = 0
+    offsets: dict[offset_file.QueueKey, int] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> State:
+        if not path.exists():
+            return cls()
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            return cls(int(doc["position"]), {(g, t, int(q)): int(o) for g, t, q, o in doc["offsets"]})
+        except (ValueError, KeyError, TypeError) as e:
+            raise TxnReconError(f"{path} is not an export-store state file ({type(e).__name__}: {e}); "
+                                f"move it away to export the store from its start") from None  # fmt: skip
+
+    def save(self, path: Path) -> None:
+        doc = {"position": self.position, "offsets": [[*k, v] for k, v in sorted(self.offsets.items())]}
+        _durable_write(path, json.dumps(doc, indent=1) + "\n")
+
+
+@dataclass
+class Summary:
+    records: Counter[str] = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)  # per topic
+    corrupt: int = 0
+    offsets: int = 0
+    offsets_skipped: int = 0
+    files: list[Path] = field(default_factory=list)
+
+
+class _Stream:
+    """One landing stream's files of this run, rotated every RECORDS_PER_FILE records; each written under a
+    hidden name, flushed to disk and then renamed, so ingest never reads half a file."""
+
+    def __init__(self, folder: Path, prefix: str, encode: Callable[[Sequence[Any]], str], done: list[Path]) -> None:
+        self.folder, self.prefix, self.encode, self.done = folder, prefix, encode, done
+        self.part, self.count = 0, 0
+        self.handle: IO[str] | None = None
+
+    def add(self, rec: tuple[Any, ...]) -> None:
+        if self.handle is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.handle = open(self._path(hidden=True), "w", encoding="utf-8")  # noqa: SIM115
+        self.handle.write(self.encode(rec) + "\n")
+        self.count += 1
+        if self.count >= RECORDS_PER_FILE:
+            self.close()
+
+    def close(self) -> None:
+        if self.handle is None:
+            return
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        os.replace(self._path(hidden=True), self._path(hidden=False))
+        self.done.append(self._path(hidden=False))
+        self.handle, self.part, self.count = None, self.part + 1, 0
+
+    def _path(self, hidden: bool) -> Path:
+        name = f"{self.prefix}-{self.part:05d}.jsonl"
+        return self.folder / (f".{name}.tmp" if hidden else name)
+
+
+def _durable_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def commitlog_files(folder: Path) -> list[tuple[int, Path]]:
+    """The commit-log files by their first physical offset (their names)."""
+    return sorted((int(p.name), p) for p in folder.iterdir() if _COMMITLOG_NAME.match(p.name))
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Where the next run resumes, and why this one stopped if it could not go on (a corrupt record)."""
+
+    position: int
+    error: str | None = None
+
+
+def _messages(files: list[tuple[int, Path]], position: int, summary: Summary) -> Iterator[Message | Stop]:
+    """Messages from `position` on across file boundaries, then where to resume next time."""
+    if files and position < files[0][0]:
+        log.warning("the commit log before %d is gone (deleted by the broker's retention): records from %d to %d "
+                    "were never exported", files[0][0], position, files[0][0])  # fmt: skip
+        position = files[0][0]
+    for i, (start, path) in enumerate(files):
+        end_of_file = files[i + 1][0] if i + 1 < len(files) else None
+        if end_of_file is not None and position >= end_of_file:
+            continue
+        if path.stat().st_size == 0:
+            continue  # just created by the broker: nothing in it yet
+        log.info("reading %s from position %d", path.name, position)
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            for entry in scan(buf, start, position - start, _KEEP_BODY):
+                if isinstance(entry, Message):
+                    yield entry
+                    position = entry.position + entry.size
+                elif isinstance(entry, Corrupt):
+                    summary.corrupt += 1
+                    where = f"{path}: position {entry.position}: {entry.reason}"
+                    if entry.resumed_at is None:
+                        yield Stop(
+                            entry.position,
+                            f"{where}; no readable record follows in this file, so the "
+                            f"export stops here (what came before it is written)",
+                        )
+                        return
+                    log.warning("%s; skipped %d bytes to the next record", where, entry.resumed_at - entry.position)
+                    position = entry.resumed_at
+                elif isinstance(entry, FileEnd):
+                    position = end_of_file if end_of_file is not None else start + len(buf)
+                elif isinstance(entry, DataEnd):
+                    if entry.incomplete:
+                        log.info("the record at %d is still being written; the next run reads it", entry.position)
+                    yield Stop(entry.position)
+                    return
+    yield Stop(position)
+
+
+def _export_commitlog(store: Path, landing: Path, broker: str, state: State, summary: Summary) -> Stop:
+    folder = store / "commitlog"
+    try:
+        files = commitlog_files(folder)
+    except OSError as e:
+        raise TxnReconError(f"cannot read the commit log folder {folder}: {e.strerror}") from None
+    prefix = f"store-{broker}-{state.position:020d}"
+    streams = {name: _Stream(landing / name, prefix, _ENCODE[name], summary.files) for name in RECORD}
+    stop = Stop(state.position)
+    try:
+        for item in _messages(files, state.position, summary):
+            if isinstance(item, Stop):
+                stop = item
+                break
+            stream = stream_of(item.topic)
+            if stream is None:
+                summary.skipped[item.topic] += 1
+                continue
+            streams[stream].add(RECORD[stream](broker, item))
+            summary.records[stream] += 1
+            if sum(summary.records.values()) % PROGRESS_EVERY == 0:
+                log.info("  %d records", sum(summary.records.values()))
+    finally:
+        for s in streams.values():
+            s.close()
+    return stop
+
+
+def _read_offsets(store: Path) -> tuple[dict[str, dict[int, int]], int] | None:
+    """The offset table and the file's modification time; the broker's `.bak` when the file is being
+    replaced (it moves the old file aside, then writes the new one). None if the broker has none yet."""
+    problems = []
+    for path in (store / "config" / "consumerOffset.json", store / "config" / "consumerOffset.json.bak"):
+        try:
+            mtime_ms = path.stat().st_mtime_ns // 1_000_000
+            return offset_file.parse(path.read_text(encoding="utf-8")), mtime_ms
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError, offset_file.OffsetFileError) as e:
+            problems.append(f"{path}: {e}")
+    if problems:
+        raise TxnReconError("; ".join(problems))
+    return None
+
+
+def _export_offsets(store: Path, landing: Path, broker: str, state: State, summary: Summary) -> None:
+    read = _read_offsets(store)
+    if read is None:
+        log.info("no consumerOffset.json yet: no consumer has committed an offset")
+        return
+    table, mtime_ms = read
+    current, summary.offsets_skipped = offset_file.business_offsets(table)
+    stream = _Stream(landing / "offset", f"store-{broker}-{mtime_ms}", _ENCODE["offset"], summary.files)
+    for key in offset_file.changed(state.offsets, current):
+        stream.add(offset_file.offset_record(broker, key, current[key], mtime_ms))
+        summary.offsets += 1
+    stream.close()
+    state.offsets.update(current)
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    store: Path = args.store
+    if not (store / "commitlog").is_dir():
+        raise TxnReconError(f"--store {store} is not a RocketMQ store folder (no commitlog/ in it)")
+    broker = args.broker_name
+    if not re.fullmatch(r"[\w.-]+", broker):
+        raise TxnReconError(f"--broker-name {broker!r} may hold only letters, digits, '_', '-' and '.'")
+    landing: Path = args.landing
+    try:
+        landing.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TxnReconError(f"cannot create --landing {landing}: {e.strerror}") from None
+    state_path = landing / "_export" / f"{broker}.json"
+    with folder_lock(landing / "_export", f"the export state of {broker} in {landing}", "export-store",
+                     name=f".{broker}.lock"):  # fmt: skip
+        state = State.load(state_path)
+        summary = Summary()
+        started_at = state.position
+        stop = _export_commitlog(store, landing, broker, state, summary)
+        state.position = stop.position
+        if stop.error is not None:
+            state.save(state_path)  # what came before the corrupt record stays exported
+            raise TxnReconError(stop.error)
+        _export_offsets(store, landing, broker, state, summary)
+        state.save(state_path)
+    skipped = ", ".join(f"{t} {n}" for t, n in sorted(summary.skipped.items())) or "none"
+    print(f"export-store {broker}: commit log {started_at} -> {state.position}; records: "
+          f"half {summary.records['half']}, op {summary.records['op']}, real {summary.records['real']}; "
+          f"offset records {summary.offsets} ({summary.offsets_skipped} internal queue offsets skipped); "
+          f"corrupt records {summary.corrupt}; skipped topics: {skipped}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    from jobs.cli import main
+
+    sys.exit(main(["export-store", *sys.argv[1:]]))

@@ -1,0 +1,182 @@
+"""RocketMQ's commit-log record format (reference §4.1-4.5), decoded: bytes in, messages out. No I/O.
+
+`scan` walks one commit-log file's bytes from a position and yields what it finds there: messages
+(headers, topic and properties; of the body only its length, its CRC checked, and its bytes kept for
+the op topic whose body is the data), the blank record that ends a file, the end of what the broker has
+written, and corrupt records with the position the walk resumed at.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+MAGIC_V1 = -626843481  # 0xDAA320A7: topic length in one byte
+MAGIC_V2 = -626843477  # 0xDAA320AB: topic length in two bytes (topics longer than 127)
+BLANK_MAGIC = -875286124  # 0xCBD43194: the rest of the file is unused, go on in the next one
+BORNHOST_V6 = 0x10
+STOREHOST_V6 = 0x20
+TRANSACTION_BITS = 0xC
+NAME_VALUE = "\x01"
+PROPERTY_SEP = "\x02"
+
+# TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG BORNTIMESTAMP: 48 bytes
+_HEAD = struct.Struct(">iiiiiqqiq")
+_LONG = struct.Struct(">q")
+_INT = struct.Struct(">i")
+_SHORT = struct.Struct(">h")
+_TAIL = struct.Struct(">iq")  # RECONSUMETIMES PREPAREDTRANSACTIONOFFSET
+MIN_SIZE = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2  # IPv4 hosts, empty body/topic/props
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One stored message. `position` is its physical offset as read, `physical_offset` as written."""
+
+    position: int
+    size: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    physical_offset: int
+    sys_flag: int
+    born_timestamp: int
+    store_timestamp: int
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body_size: int
+    topic: str
+    properties: str  # the raw properties string; `properties()` parses it
+    body: bytes | None  # kept only for the topics asked for (op bodies are data)
+
+
+@dataclass(frozen=True, slots=True)
+class FileEnd:
+    """The blank record: the writer went on in the next file."""
+
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class DataEnd:
+    """Nothing more is written here yet: zeros, or (`incomplete`) a last record whose bytes are still
+    arriving, with only zeros behind it. A later run resumes here."""
+
+    position: int
+    incomplete: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Corrupt:
+    """A record that is not one: its position, why, and where the walk resumed (None: nowhere in this file)."""
+
+    position: int
+    reason: str
+    resumed_at: int | None
+
+
+Entry = Message | FileEnd | DataEnd | Corrupt
+Buffer = bytes | mmap.mmap  # both slice to bytes and have find()
+
+
+def properties(text: str) -> dict[str, str]:
+    """`name 0x01 value 0x02` entries (reference §4.2); entries without a separator are ignored."""
+    out = {}
+    for entry in text.split(PROPERTY_SEP):
+        name, sep, value = entry.partition(NAME_VALUE)
+        if sep and name:
+            out[name] = value
+    return out
+
+
+def _decode(buf: Buffer, at: int, base: int, keep_body: frozenset[str]) -> Message | str:
+    """The message at `at`, or why there is none."""
+    end = len(buf)
+    if end - at < MIN_SIZE:
+        return "truncated record"
+    size, magic, body_crc, queue_id, flag, queue_offset, physical, sys_flag, born_ts = _HEAD.unpack_from(buf, at)
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        return f"bad magic code {magic & 0xFFFFFFFF:#010x}"
+    if size < MIN_SIZE or at + size > end:
+        return f"bad length {size}"
+    p = at + 48 + (20 if sys_flag & BORNHOST_V6 else 8)
+    store_ts = _LONG.unpack_from(buf, p)[0]
+    p += 8 + (20 if sys_flag & STOREHOST_V6 else 8)
+    reconsume, prepared = _TAIL.unpack_from(buf, p)
+    p += 12
+    body_len = _INT.unpack_from(buf, p)[0]
+    p += 4
+    if body_len < 0 or p + body_len > at + size:
+        return f"bad body length {body_len}"
+    body = bytes(buf[p : p + body_len])
+    if zlib.crc32(body) & 0x7FFFFFFF != body_crc:
+        return "body CRC mismatch"
+    p += body_len
+    if magic == MAGIC_V1:
+        topic_len = buf[p]
+        p += 1
+    else:
+        topic_len = _SHORT.unpack_from(buf, p)[0]
+        p += 2
+    topic = bytes(buf[p : p + topic_len]).decode("utf-8", "replace")
+    p += topic_len
+    props_len = _SHORT.unpack_from(buf, p)[0]
+    p += 2
+    if props_len < 0 or p + props_len != at + size:
+        return f"bad properties length {props_len}"
+    props = bytes(buf[p : p + props_len]).decode("utf-8", "replace")
+    return Message(at + base, size, queue_id, flag, queue_offset, physical, sys_flag, born_ts, store_ts, reconsume,
+                   prepared, body_len, topic, props, body if topic in keep_body else None)  # fmt: skip
+
+
+def _all_zero(buf: Buffer, start: int, end: int, chunk: int = 1 << 20) -> bool:
+    return all(not buf[i : min(i + chunk, end)].strip(b"\0") for i in range(start, end, chunk))
+
+
+def _resync(buf: Buffer, start: int, base: int, keep_body: frozenset[str]) -> int | None:
+    """The next position after `start` where a whole record decodes, if any."""
+    magic_bytes = (_INT.pack(MAGIC_V1), _INT.pack(MAGIC_V2))
+    at = start + 1
+    while True:
+        found = [i for i in (buf.find(m, at + 4) for m in magic_bytes) if i >= 0]
+        if not found:
+            return None
+        candidate = min(found) - 4
+        if isinstance(_decode(buf, candidate, base, keep_body), Message):
+            return candidate
+        at = candidate + 1
+
+
+def scan(buf: Buffer, base: int, start: int = 0, keep_body: frozenset[str] = frozenset()) -> Iterator[Entry]:
+    """Walk a commit-log file's bytes (`base` is the file's first physical offset) from `start`.
+
+    Ends with `FileEnd` (the blank record), `DataEnd` (zeros: nothing written yet; or a last record whose
+    bytes are still arriving, with only zeros behind it) or the end of the buffer (`DataEnd` too). A
+    corrupt record is reported and the walk resumes at the next record that decodes.
+    """
+    at, end = start, len(buf)
+    while at + 8 <= end:
+        size, magic = struct.unpack_from(">ii", buf, at)
+        if magic == BLANK_MAGIC:
+            yield FileEnd(at + base)
+            return
+        if size == 0 and magic == 0:
+            yield DataEnd(at + base)
+            return
+        decoded = _decode(buf, at, base, keep_body)
+        if isinstance(decoded, Message):
+            yield decoded
+            at += decoded.size
+            continue
+        resume = _resync(buf, at, base, keep_body)
+        if resume is None and _all_zero(buf, at + max(size, 8) if 0 < size <= end - at else end, end):
+            yield DataEnd(at + base, incomplete=True)  # still being written: the next run reads it whole
+            return
+        yield Corrupt(at + base, decoded, None if resume is None else resume + base)
+        if resume is None:
+            return
+        at = resume
+    yield DataEnd(at + base)

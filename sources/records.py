@@ -1,0 +1,70 @@
+"""Stored messages into landing records (DESIGN §1), by topic. Pure.
+
+The half topic gives `half` records, the op topic `op` records, business topics and the discard topic
+`real` records. Every other topic (retry, DLQ, schedule, trace and the broker's own system topics) is
+counted by the caller and skipped: it holds no transaction and no business message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sources.commitlog import TRANSACTION_BITS, Message, properties
+
+HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+COMMIT_TYPE = 0x8
+# TopicValidator.SYSTEM_TOPIC_SET (5.3.3) and its prefix; `%` starts retry, DLQ and LMQ topics.
+SYSTEM_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "RMQ_SYS_TRACE_TOPIC", "SELF_TEST_TOPIC",
+                           "OFFSET_MOVED_EVENT", "CHECKPOINT_TOPIC", HALF_TOPIC, OP_TOPIC, DISCARD_TOPIC})  # fmt: skip
+
+
+def is_business_topic(topic: str) -> bool:
+    return not (topic in SYSTEM_TOPICS or topic.startswith(("rmq_sys_", "%")))
+
+
+def stream_of(topic: str) -> str | None:
+    """The landing stream a topic's messages go to, or None when they are skipped."""
+    if topic == HALF_TOPIC:
+        return "half"
+    if topic == OP_TOPIC:
+        return "op"
+    if topic == DISCARD_TOPIC or is_business_topic(topic):
+        return "real"
+    return None
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+def half_record(broker: str, m: Message) -> tuple[Any, ...]:
+    p = properties(m.properties)
+    return (broker, m.queue_id, m.queue_offset, m.physical_offset, m.store_timestamp, m.born_timestamp,
+            p.get("UNIQ_KEY"), p.get("__transactionId__"), p.get("PGROUP"), p.get("REAL_TOPIC"),
+            _int(p.get("REAL_QID")), _int(p.get("TRANSACTION_CHECK_TIMES")),
+            _int(p.get("CHECK_IMMUNITY_TIME_IN_SECONDS")), _int(p.get("TRAN_PREPARED_QUEUE_OFFSET")),
+            p.get("TAGS"), p.get("KEYS"), m.body_size)  # fmt: skip
+
+
+def op_record(broker: str, m: Message) -> tuple[Any, ...]:
+    body = (m.body or b"").decode("utf-8", "replace")
+    return (broker, m.queue_id, m.queue_offset, m.physical_offset, m.store_timestamp, m.born_timestamp,
+            properties(m.properties).get("TAGS"), body)  # fmt: skip
+
+
+def real_record(broker: str, m: Message) -> tuple[Any, ...]:
+    p = properties(m.properties)
+    committed = m.sys_flag & TRANSACTION_BITS == COMMIT_TYPE
+    # Offset 0 is the first message of a store, a valid half offset; on other messages 0 means none.
+    prepared = m.prepared_transaction_offset if committed or m.prepared_transaction_offset else None
+    return (broker, m.topic, m.queue_id, m.queue_offset, m.physical_offset, m.store_timestamp, m.born_timestamp,
+            p.get("UNIQ_KEY"), m.sys_flag, p.get("TRAN_MSG") == "true", prepared, p.get("PGROUP"),
+            p.get("__transactionId__"), p.get("TAGS"), p.get("KEYS"), m.body_size, m.reconsume_times)  # fmt: skip
+
+
+RECORD = {"half": half_record, "op": op_record, "real": real_record}

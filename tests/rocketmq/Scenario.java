@@ -1,0 +1,354 @@
+import java.io.FileWriter;
+import java.io.IOException;
+import java.io.PrintWriter;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+
+import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
+import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
+import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
+import org.apache.rocketmq.client.producer.LocalTransactionState;
+import org.apache.rocketmq.client.producer.TransactionListener;
+import org.apache.rocketmq.client.producer.TransactionMQProducer;
+import org.apache.rocketmq.client.producer.TransactionSendResult;
+import org.apache.rocketmq.common.TopicConfig;
+import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
+import org.apache.rocketmq.common.message.Message;
+import org.apache.rocketmq.common.message.MessageExt;
+import org.apache.rocketmq.common.message.MessageQueue;
+import org.apache.rocketmq.remoting.protocol.admin.ConsumeStats;
+import org.apache.rocketmq.remoting.protocol.admin.OffsetWrapper;
+import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
+
+/**
+ * The real-broker scenario of the test suite, written against RocketMQ's official Java client. It plays
+ * scripted transaction fates and records, as JSON lines, what it did and what it saw (every check the
+ * broker sent and the answer given): the truth the pipeline's findings are compared with.
+ *
+ * <pre>
+ * java Scenario txn   NAMESRV OUT CHECK_MAX CHECK_INTERVAL_MS   transactions, checks, a two-member consumer group
+ * java Scenario reset NAMESRV OUT TIMESTAMP_MS                  the group offline, its offsets reset back in time
+ * java Scenario young NAMESRV OUT                               halves still pending when the store is read
+ * </pre>
+ *
+ * Fates (the message key is FATE-n; the listener answers by fate, the way the application it stands for would):
+ * COMMIT, ROLLBACK: decided at once; a check answers from the decision (a check that beats the batched op
+ *   commits a second time). CHECK_COMMIT, CHECK_ROLLBACK: UNKNOW at first, decided by the first check.
+ * UNKNOW_FOREVER: every answer UNKNOW, so the broker discards it after CHECK_MAX checks.
+ * ORPHAN_SENDER: sent by a second member of the group that exits at once; the check reaches the other member,
+ *   which commits it.
+ * GONE: sent by a producer group that exits at once; nobody is left to check, the broker discards it.
+ * SLOW_NO_CHECKER: the local transaction commits after 3.5 s; the application answers every check UNKNOW.
+ * IMMUNITY: CHECK_IMMUNITY_TIME_IN_SECONDS=10, commits after 3.5 s; the broker's immunity copies stay open.
+ * LATE_COMMIT: the local transaction outlives the discard (it waits for CHECK_MAX checks, then 2.5 intervals).
+ * YOUNG: UNKNOW, sent just before the store is read: still pending.
+ */
+public final class Scenario {
+    static final String TOPIC = "TxnTopic";
+    static final String GROUP = "CG_RECON";
+    static final Map<String, Txn> TXNS = new ConcurrentHashMap<>();
+    static final AtomicLong LAST_CHECK = new AtomicLong();
+
+    static final class Txn {
+        final String fate;
+        final String group;
+        final String sender;
+        final long sentAt = System.currentTimeMillis();
+        String uniqKey;
+        long halfQueueOffset = -1;
+        volatile String local = "PENDING";  // what executeLocalTransaction answered
+        volatile long localAt;
+        volatile String decision = "PENDING";  // the application's table: what a check answers from
+        final List<String> checks = new ArrayList<>();
+
+        Txn(String fate, String group, String sender) {
+            this.fate = fate;
+            this.group = group;
+            this.sender = sender;
+        }
+
+        synchronized String json() {
+            return "{\"kind\":\"txn\",\"uniq_key\":\"" + uniqKey + "\",\"fate\":\"" + fate + "\",\"producer_group\":\""
+                + group + "\",\"sender\":\"" + sender + "\",\"half_queue_offset\":" + halfQueueOffset
+                + ",\"sent_at\":" + sentAt + ",\"local\":\"" + local + "\",\"local_at\":" + localAt
+                + ",\"decision\":\"" + decision + "\",\"checks\":[" + String.join(",", checks) + "]}";
+        }
+    }
+
+    /** The application behind one producer: local transactions and check answers, by fate. */
+    static final class App implements TransactionListener {
+        final String member;
+
+        App(String member) {
+            this.member = member;
+        }
+
+        @Override
+        public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
+            Txn t = (Txn) arg;
+            try {
+                switch (t.fate) {
+                    case "COMMIT": return local(t, decide(t, LocalTransactionState.COMMIT_MESSAGE));
+                    case "ROLLBACK": return local(t, decide(t, LocalTransactionState.ROLLBACK_MESSAGE));
+                    case "SLOW_NO_CHECKER":
+                    case "IMMUNITY":
+                        Thread.sleep(3500);
+                        return local(t, decide(t, LocalTransactionState.COMMIT_MESSAGE));
+                    case "LATE_COMMIT":
+                        while (checkCount(t) < checkMax) {
+                            Thread.sleep(100);
+                        }
+                        Thread.sleep(checkIntervalMs * 5 / 2);
+                        return local(t, decide(t, LocalTransactionState.COMMIT_MESSAGE));
+                    default: return local(t, LocalTransactionState.UNKNOW);
+                }
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                return LocalTransactionState.UNKNOW;
+            }
+        }
+
+        @Override
+        public LocalTransactionState checkLocalTransaction(MessageExt msg) {
+            Txn t = TXNS.get(msg.getKeys());
+            if (t == null) {
+                return LocalTransactionState.UNKNOW;
+            }
+            LocalTransactionState answer;
+            switch (t.fate) {
+                case "CHECK_COMMIT":
+                    answer = t.decision.equals("PENDING") ? decide(t, LocalTransactionState.COMMIT_MESSAGE) : table(t);
+                    break;
+                case "CHECK_ROLLBACK":
+                    answer = t.decision.equals("PENDING") ? decide(t, LocalTransactionState.ROLLBACK_MESSAGE) : table(t);
+                    break;
+                case "ORPHAN_SENDER":  // the sender is gone; this member finds the order and commits it
+                    answer = t.decision.equals("PENDING") ? decide(t, LocalTransactionState.COMMIT_MESSAGE) : table(t);
+                    break;
+                case "UNKNOW_FOREVER":
+                case "SLOW_NO_CHECKER":
+                case "LATE_COMMIT":
+                case "YOUNG":
+                    answer = LocalTransactionState.UNKNOW;
+                    break;
+                default:
+                    answer = table(t);
+            }
+            synchronized (t) {
+                t.checks.add("{\"times\":" + msg.getProperty("TRANSACTION_CHECK_TIMES") + ",\"queue_offset\":"
+                    + msg.getQueueOffset() + ",\"answer\":\"" + name(answer) + "\",\"at\":"
+                    + System.currentTimeMillis() + ",\"by\":\"" + member + "\"}");
+            }
+            LAST_CHECK.set(System.currentTimeMillis());
+            return answer;
+        }
+    }
+
+    static int checkMax;
+    static long checkIntervalMs;
+
+    static LocalTransactionState decide(Txn t, LocalTransactionState state) {
+        t.decision = name(state);
+        return state;
+    }
+
+    static LocalTransactionState local(Txn t, LocalTransactionState state) {
+        t.local = name(state);
+        t.localAt = System.currentTimeMillis();
+        return state;
+    }
+
+    /** What an application that keeps its decisions answers: the decision, or UNKNOW while there is none. */
+    static LocalTransactionState table(Txn t) {
+        switch (t.decision) {
+            case "COMMIT": return LocalTransactionState.COMMIT_MESSAGE;
+            case "ROLLBACK": return LocalTransactionState.ROLLBACK_MESSAGE;
+            default: return LocalTransactionState.UNKNOW;
+        }
+    }
+
+    static String name(LocalTransactionState s) {
+        return s == LocalTransactionState.COMMIT_MESSAGE ? "COMMIT"
+            : s == LocalTransactionState.ROLLBACK_MESSAGE ? "ROLLBACK" : "UNKNOW";
+    }
+
+    static int checkCount(Txn t) {
+        synchronized (t) {
+            return t.checks.size();
+        }
+    }
+
+    static TransactionMQProducer producer(String namesrv, String group, String member) throws Exception {
+        TransactionMQProducer p = new TransactionMQProducer(group);
+        p.setNamesrvAddr(namesrv);
+        p.setInstanceName(member);
+        p.setTransactionListener(new App(member));
+        p.start();
+        return p;
+    }
+
+    static void send(TransactionMQProducer p, String fate, int n, String member) throws Exception {
+        Txn t = new Txn(fate, p.getProducerGroup(), member);
+        Message msg = new Message(TOPIC, fate.toLowerCase(), fate + "-" + n, ("payload " + fate + " " + n).getBytes());
+        if (fate.equals("IMMUNITY")) {
+            msg.putUserProperty("CHECK_IMMUNITY_TIME_IN_SECONDS", "10");
+        }
+        TXNS.put(fate + "-" + n, t);
+        TransactionSendResult r = p.sendMessageInTransaction(msg, t);
+        synchronized (t) {
+            t.uniqKey = r.getMsgId();
+            t.halfQueueOffset = r.getQueueOffset();
+        }
+    }
+
+    static DefaultMQPushConsumer consumer(String namesrv, String member, Map<String, Integer> seen) throws Exception {
+        DefaultMQPushConsumer c = new DefaultMQPushConsumer(GROUP);
+        c.setNamesrvAddr(namesrv);
+        c.setInstanceName(member);
+        c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        c.setPersistConsumerOffsetInterval(1000);
+        c.subscribe(TOPIC, "*");
+        c.registerMessageListener((MessageListenerConcurrently) (msgs, ctx) -> {
+            for (MessageExt m : msgs) {
+                seen.merge(m.getMsgId(), 1, Integer::sum);
+            }
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+        });
+        c.start();
+        return c;
+    }
+
+    static void txn(String namesrv, PrintWriter out) throws Exception {
+        DefaultMQAdminExt admin = admin(namesrv);
+        String brokerAddr = admin.examineBrokerClusterInfo().getBrokerAddrTable().values().iterator().next()
+            .getBrokerAddrs().get(0L);
+        admin.createAndUpdateTopicConfig(brokerAddr, new TopicConfig(TOPIC, 4, 4));
+        Thread.sleep(1000);  // the route reaches the name server with the next registration
+        admin.shutdown();
+
+        Map<String, Integer> seen1 = new ConcurrentHashMap<>();
+        Map<String, Integer> seen2 = new ConcurrentHashMap<>();
+        DefaultMQPushConsumer member1 = consumer(namesrv, "member-1", seen1);
+        TransactionMQProducer main1 = producer(namesrv, "PG_MAIN", "main-1");
+        TransactionMQProducer main2 = producer(namesrv, "PG_MAIN", "main-2");
+        TransactionMQProducer gone = producer(namesrv, "PG_GONE", "gone-1");
+        ExecutorService slow = Executors.newFixedThreadPool(15);
+        for (int i = 0; i < 5; i++) {
+            for (String fate : new String[] {"SLOW_NO_CHECKER", "IMMUNITY", "LATE_COMMIT"}) {
+                final int n = i;
+                slow.submit(() -> {
+                    send(main1, fate, n, "main-1");
+                    return null;
+                });
+            }
+        }
+        String[] fast = {"COMMIT", "COMMIT", "COMMIT", "COMMIT", "ROLLBACK", "ROLLBACK", "CHECK_COMMIT",
+            "CHECK_ROLLBACK", "UNKNOW_FOREVER"};
+        for (int i = 0; i < 10; i++) {
+            for (String fate : fast) {
+                send(main1, fate, (int) TXNS.keySet().stream().filter(k -> k.startsWith(fate + "-")).count(), "main-1");
+            }
+            send(main2, "ORPHAN_SENDER", i, "main-2");
+            send(gone, "GONE", i, "gone-1");
+            Thread.sleep(50);
+        }
+        main2.shutdown();
+        gone.shutdown();
+        Thread.sleep(3000);
+        DefaultMQPushConsumer member2 = consumer(namesrv, "member-2", seen2);  // a rebalance: two members
+
+        slow.shutdown();
+        slow.awaitTermination(120, TimeUnit.SECONDS);
+        // Settled: no check for long enough that every open copy has been checked CHECK_MAX times and
+        // discarded, and every batched op is written.
+        long quiet = (checkMax + 2) * checkIntervalMs + 6000;
+        while (System.currentTimeMillis() - Math.max(LAST_CHECK.get(), lastDecision()) < quiet) {
+            Thread.sleep(200);
+        }
+        member1.shutdown();
+        member2.shutdown();
+        main1.shutdown();
+        for (Txn t : TXNS.values()) {
+            out.println(t.json());
+        }
+        out.println("{\"kind\":\"consumed\",\"member\":\"member-1\",\"messages\":" + sum(seen1) + "}");
+        out.println("{\"kind\":\"consumed\",\"member\":\"member-2\",\"messages\":" + sum(seen2) + "}");
+    }
+
+    static long lastDecision() {
+        return TXNS.values().stream().mapToLong(t -> t.localAt).max().orElse(0);  // local transactions ended
+    }
+
+    static int sum(Map<String, Integer> seen) {
+        return seen.values().stream().mapToInt(Integer::intValue).sum();
+    }
+
+    static DefaultMQAdminExt admin(String namesrv) throws Exception {
+        DefaultMQAdminExt admin = new DefaultMQAdminExt();
+        admin.setNamesrvAddr(namesrv);
+        admin.setInstanceName("admin");
+        admin.start();
+        return admin;
+    }
+
+    static Map<MessageQueue, Long> offsets(DefaultMQAdminExt admin) throws Exception {
+        ConsumeStats stats = admin.examineConsumeStats(GROUP);
+        Map<MessageQueue, Long> out = new TreeMap<>();
+        for (Map.Entry<MessageQueue, OffsetWrapper> e : stats.getOffsetTable().entrySet()) {
+            out.put(e.getKey(), e.getValue().getConsumerOffset());
+        }
+        return out;
+    }
+
+    static void reset(String namesrv, PrintWriter out, long timestamp) throws Exception {
+        DefaultMQAdminExt admin = admin(namesrv);
+        Map<MessageQueue, Long> before = offsets(admin);
+        admin.resetOffsetByTimestamp(TOPIC, GROUP, timestamp, true);
+        Map<MessageQueue, Long> after = offsets(admin);
+        for (MessageQueue mq : before.keySet()) {
+            out.println("{\"kind\":\"reset\",\"broker_name\":\"" + mq.getBrokerName() + "\",\"consumer_group\":\"" + GROUP
+                + "\",\"topic\":\"" + mq.getTopic() + "\",\"queue_id\":" + mq.getQueueId() + ",\"from\":"
+                + before.get(mq) + ",\"to\":" + after.get(mq) + "}");
+        }
+        admin.shutdown();
+    }
+
+    static void young(String namesrv, PrintWriter out) throws Exception {
+        TransactionMQProducer p = producer(namesrv, "PG_MAIN", "main-young");
+        for (int i = 0; i < 5; i++) {
+            send(p, "YOUNG", i, "main-young");
+        }
+        for (Txn t : TXNS.values()) {
+            out.println(t.json());
+        }
+        p.shutdown();
+    }
+
+    public static void main(String[] args) throws Exception {
+        try (PrintWriter out = new PrintWriter(new FileWriter(args[2], true))) {
+            switch (args[0]) {
+                case "txn":
+                    checkMax = Integer.parseInt(args[3]);
+                    checkIntervalMs = Long.parseLong(args[4]);
+                    txn(args[1], out);
+                    break;
+                case "reset":
+                    reset(args[1], out, Long.parseLong(args[3]));
+                    break;
+                case "young":
+                    young(args[1], out);
+                    break;
+                default:
+                    throw new IOException("unknown phase " + args[0]);
+            }
+        }
+        System.exit(0);  // the client's non-daemon threads would keep the JVM alive
+    }
+}

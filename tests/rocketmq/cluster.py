@@ -1,0 +1,182 @@
+"""A real RocketMQ name server and broker on loopback, from the jars `make rocketmq` fetched, and the
+scenario driver (Scenario.java, the official Java client) compiled against them.
+
+Each server runs with a small heap and its own `user.home` and `rocketmq.home.dir` under a temporary
+folder (its logs land there), on free ports. `start` waits until the name server has registered the
+broker; `stop` ends both, and `RocketMQ` is a context manager so a failing test stops them too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+JARS = REPO / ".jars" / "rocketmq"
+VERSION = "5.3.3"  # tests/rocketmq/pom.xml pins the same
+CLASSPATH = f"{JARS}/*"
+JVM = ["-Xms64m", "-Xmx256m", "-XX:MaxDirectMemorySize=256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
+START_TIMEOUT_S = 90
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """The transaction knobs of reference §5.3, fast enough for a test, and the store's layout."""
+
+    check_interval_ms: int = 2000
+    transaction_timeout_ms: int = 1000
+    check_max: int = 3
+    op_batch_interval_ms: int = 3000
+    commitlog_file_bytes: int = 64 * 1024  # small files: exports cross file boundaries
+
+
+def require_jars() -> None:
+    if not (JARS / f"rocketmq-broker-{VERSION}.jar").is_file():
+        raise RuntimeError(f"RocketMQ {VERSION} jars missing from {JARS}: run `make rocketmq` (part of `make test`)")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_broker_port() -> int:
+    """A listen port whose fast port (-2) and HA port (+1) are free too."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port > 1026 and all(_port_free(p) for p in (port - 2, port, port + 1)):
+            return port
+    raise RuntimeError("no free port triple for the broker")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def compile_driver(out: Path) -> Path:
+    """Scenario.java compiled against the client jars; returns the class folder."""
+    require_jars()
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["javac", "-nowarn", "-d", str(out), "-cp", CLASSPATH, str(Path(__file__).parent / "Scenario.java")],
+                   check=True, capture_output=True, text=True)  # fmt: skip
+    return out
+
+
+@dataclass
+class RocketMQ:
+    root: Path
+    settings: BrokerSettings = field(default_factory=BrokerSettings)
+    broker_name: str = "broker-a"
+    namesrv_port: int = field(default_factory=free_port)
+    broker_port: int = field(default_factory=free_broker_port)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def namesrv(self) -> str:
+        return f"127.0.0.1:{self.namesrv_port}"
+
+    @property
+    def store(self) -> Path:
+        return self.root / "store"
+
+    def home(self, name: str) -> Path:
+        return self.root / "home" / name
+
+    def _spawn(self, name: str, main_class: str, conf: str) -> None:
+        home = self.home(name)
+        home.mkdir(parents=True, exist_ok=True)
+        (home / f"{name}.conf").write_text(conf)
+        cmd = ["java", *JVM, f"-Drocketmq.home.dir={home}", f"-Duser.home={home}", "-cp", CLASSPATH, main_class,
+               "-c", str(home / f"{name}.conf")]  # fmt: skip
+        log = open(home / "console.log", "wb")  # noqa: SIM115 (the child keeps it)
+        self.processes[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+    def broker_conf(self) -> str:
+        s, store = self.settings, self.store
+        return "\n".join([
+            "brokerClusterName=DefaultCluster", f"brokerName={self.broker_name}", "brokerId=0",
+            "brokerRole=ASYNC_MASTER", "flushDiskType=ASYNC_FLUSH", f"namesrvAddr={self.namesrv}",
+            "brokerIP1=127.0.0.1", f"listenPort={self.broker_port}", f"storePathRootDir={store}",
+            f"storePathCommitLog={store / 'commitlog'}", f"mappedFileSizeCommitLog={s.commitlog_file_bytes}",
+            f"transactionCheckInterval={s.check_interval_ms}", f"transactionTimeOut={s.transaction_timeout_ms}",
+            f"transactionCheckMax={s.check_max}", f"transactionOpBatchInterval={s.op_batch_interval_ms}",
+            "flushConsumerOffsetInterval=1000", "autoCreateTopicEnable=true", "autoCreateSubscriptionGroup=true",
+            "timerWheelEnable=false", "",
+        ])  # fmt: skip
+
+    def start(self) -> RocketMQ:
+        require_jars()
+        self._spawn("namesrv", "org.apache.rocketmq.namesrv.NamesrvStartup", f"listenPort={self.namesrv_port}\n")
+        self._wait(lambda: not _port_free(self.namesrv_port), "the name server to listen")
+        self._spawn("broker", "org.apache.rocketmq.broker.BrokerStartup", self.broker_conf())
+        self._wait(self._registered, "the broker to register with the name server")
+        return self
+
+    def _registered(self) -> bool:
+        logs = self.home("namesrv") / "logs" / "rocketmqlogs"
+        return any("new broker registered" in p.read_text(errors="replace") for p in logs.glob("*.log"))
+
+    def _wait(self, ready: object, what: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for name, p in self.processes.items():
+                if p.poll() is not None:
+                    tail = (self.home(name) / "console.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"the {name} exited with {p.returncode} while waiting for {what}:\n{tail}")
+            if ready():  # type: ignore[operator]
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"timed out after {START_TIMEOUT_S} s waiting for {what}")
+
+    def kill_broker(self) -> None:
+        """SIGKILL: the store stays exactly as it is now (a graceful stop would run more check passes)."""
+        self._stop("broker", signal.SIGKILL)
+
+    def _stop(self, name: str, sig: int) -> None:
+        p = self.processes.pop(name, None)
+        if p is None or p.poll() is not None:
+            return
+        os.killpg(p.pid, sig)
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+    def stop(self) -> None:
+        for name in ("broker", "namesrv"):
+            self._stop(name, signal.SIGTERM)
+
+    def log(self, name: str, file: str) -> str:
+        path = self.home(name) / "logs" / "rocketmqlogs" / file
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def __enter__(self) -> RocketMQ:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def run_driver(classes: Path, phase: str, namesrv: str, out: Path, *args: str, home: Path,
+               timeout_s: int = 180) -> None:  # fmt: skip
+    """One phase of Scenario.java; its truth lines are appended to `out`."""
+    home.mkdir(parents=True, exist_ok=True)
+    cmd = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", f"-Duser.home={home}",
+           "-cp", f"{classes}:{CLASSPATH}", "Scenario", phase, namesrv, str(out), *args]  # fmt: skip
+    with open(home / f"driver-{phase}.log", "wb") as log:
+        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=timeout_s)

@@ -1,0 +1,57 @@
+"""What the scenario driver's record says the pipeline must find (DESIGN §2), one transaction at a time.
+
+The driver records what it did and saw: each transaction's fate, its local decision and every check the
+broker sent it with the answer. What follows from that on the broker is mechanical:
+- every COMMIT answer, local or to a check, writes one final message (the broker never asks whether the
+  half was committed already, reference §1.4);
+- the copy a check was about is resolved by the op of a COMMIT or ROLLBACK answer, and stays open after
+  an UNKNOW; an open last copy is checked again until `check_max` copies, then discarded;
+- the copies nobody is asked about: a gone producer group's (checks go nowhere) and the immunity copies
+  written inside `CHECK_IMMUNITY_TIME_IN_SECONDS` (never resolved, reference §1.5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+DECIDED = ("COMMIT", "ROLLBACK")
+UNSEEN_OPEN_COPIES = ("GONE", "IMMUNITY")  # open copies the driver is never asked about
+
+
+@dataclass(frozen=True)
+class Expected:
+    state: str
+    anomalies: frozenset[tuple[str, str | None]]  # (type, reason)
+
+
+def expected(t: dict[str, Any], check_max: int, check_interval_ms: int) -> Expected:
+    answers = [c["answer"] for c in t["checks"]]
+    commits = (t["local"] == "COMMIT") + answers.count("COMMIT")
+    resolved = t["local"] in DECIDED or any(a in DECIDED for a in answers)
+    last_open = answers[-1] == "UNKNOW" if answers else t["fate"] in UNSEEN_OPEN_COPIES
+    discarded = last_open and t["fate"] != "YOUNG"  # the driver waited until every open copy was discarded
+    found: set[tuple[str, str | None]] = set()
+    if commits > 1:
+        found.add(("DUPLICATE_COMMIT", None))
+    if resolved and last_open:
+        found.add(("RECHECKED_AFTER_RESOLUTION", None))
+    if t["local"] == "COMMIT" and discarded and answers:
+        # The discard follows the check_max-th check within a pass; the driver commits well after or before.
+        after = t["local_at"] - t["checks"][-1]["at"]
+        if after > 2 * check_interval_ms:
+            found.add(("ORPHANED_COMMIT", "AFTER_DISCARD"))
+        elif after > 0:
+            raise AssertionError(f"{t['uniq_key']}: committed {after} ms after its last check: too close to call")
+    if commits:
+        state = "COMMITTED"
+    elif resolved:
+        state = "ROLLED_BACK"
+    elif discarded:
+        state = "DISCARDED"
+        found.add(("DISCARDED_AFTER_MAX_CHECKS", "MAX_CHECKS"))
+    else:
+        state = "PENDING"
+    if answers and answers[-1] == "UNKNOW" and len(answers) < check_max and discarded:
+        raise AssertionError(f"{t['uniq_key']}: {len(answers)} checks before its discard, expected {check_max}")
+    return Expected(state, frozenset(found))
