@@ -4,7 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup jars browser airflow package lint test run bench bench-sim bench-ingest bench-reconcile clean
+.PHONY: setup jars rocketmq browser airflow package lint test run bench bench-sim bench-ingest bench-reconcile \
+	bench-export clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +19,15 @@ jars: $(STAMP)
 	$(BIN)/python -m jobs.jars
 
 setup: $(STAMP) jars
+
+# The real RocketMQ the tests start (name server, broker, client, tools; version pinned in the POM), with
+# its dependencies, copied once from Maven Central into .jars/rocketmq.
+ROCKETMQ_JARS := .jars/rocketmq
+$(ROCKETMQ_JARS)/.fetched: tests/rocketmq/pom.xml
+	rm -rf $(ROCKETMQ_JARS)
+	mvn -B -q -f tests/rocketmq/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(ROCKETMQ_JARS)
+	touch $@
+rocketmq: $(ROCKETMQ_JARS)/.fetched
 
 lint: setup
 	$(BIN)/ruff check .
@@ -46,7 +56,7 @@ package: setup
 	$(BIN)/python -m jobs.package
 
 # Two workers, one test file each at a time, the longest files first (tests/conftest.py).
-test: lint browser airflow
+test: lint browser airflow rocketmq
 	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # The main job: simulate the default profile (100,000 transactions) into landing/demo, ingest,

@@ -136,14 +136,13 @@ class Stop:
 
 def _messages(files: list[tuple[int, Path]], position: int, summary: Summary) -> Iterator[Message | Stop]:
     """Messages from `position` on across file boundaries, then where to resume next time."""
-    if files and position < files[0][0]:
-        log.warning("the commit log before %d is gone (deleted by the broker's retention): records from %d to %d "
-                    "were never exported", files[0][0], position, files[0][0])  # fmt: skip
-        position = files[0][0]
     for i, (start, path) in enumerate(files):
-        end_of_file = files[i + 1][0] if i + 1 < len(files) else None
-        if end_of_file is not None and position >= end_of_file:
+        if i + 1 < len(files) and position >= files[i + 1][0]:
             continue
+        if position < start:  # retention deleted older files, or a copy of the store lacks some
+            log.warning("the commit log from %d to %d is missing (deleted by the broker's retention, or not "
+                        "copied): its records were never exported", position, start)  # fmt: skip
+            position = start
         if path.stat().st_size == 0:
             continue  # just created by the broker: nothing in it yet
         log.info("reading %s from position %d", path.name, position)
@@ -165,7 +164,7 @@ def _messages(files: list[tuple[int, Path]], position: int, summary: Summary) ->
                     log.warning("%s; skipped %d bytes to the next record", where, entry.resumed_at - entry.position)
                     position = entry.resumed_at
                 elif isinstance(entry, FileEnd):
-                    position = end_of_file if end_of_file is not None else start + len(buf)
+                    position = start + len(buf)  # the writer went on in the next file
                 elif isinstance(entry, DataEnd):
                     if entry.incomplete:
                         log.info("the record at %d is still being written; the next run reads it", entry.position)

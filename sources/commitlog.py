@@ -25,6 +25,7 @@ PROPERTY_SEP = "\x02"
 
 # TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG BORNTIMESTAMP: 48 bytes
 _HEAD = struct.Struct(">iiiiiqqiq")
+_SIZE_MAGIC = struct.Struct(">ii")
 _LONG = struct.Struct(">q")
 _INT = struct.Struct(">i")
 _SHORT = struct.Struct(">h")
@@ -94,14 +95,12 @@ def properties(text: str) -> dict[str, str]:
 
 def _decode(buf: Buffer, at: int, base: int, keep_body: frozenset[str]) -> Message | str:
     """The message at `at`, or why there is none."""
-    end = len(buf)
-    if end - at < MIN_SIZE:
-        return "truncated record"
-    size, magic, body_crc, queue_id, flag, queue_offset, physical, sys_flag, born_ts = _HEAD.unpack_from(buf, at)
+    size, magic = _SIZE_MAGIC.unpack_from(buf, at)
     if magic not in (MAGIC_V1, MAGIC_V2):
         return f"bad magic code {magic & 0xFFFFFFFF:#010x}"
-    if size < MIN_SIZE or at + size > end:
+    if size < MIN_SIZE or at + size > len(buf):
         return f"bad length {size}"
+    _, _, body_crc, queue_id, flag, queue_offset, physical, sys_flag, born_ts = _HEAD.unpack_from(buf, at)
     p = at + 48 + (20 if sys_flag & BORNHOST_V6 else 8)
     store_ts = _LONG.unpack_from(buf, p)[0]
     p += 8 + (20 if sys_flag & STOREHOST_V6 else 8)
@@ -136,6 +135,14 @@ def _all_zero(buf: Buffer, start: int, end: int, chunk: int = 1 << 20) -> bool:
     return all(not buf[i : min(i + chunk, end)].strip(b"\0") for i in range(start, end, chunk))
 
 
+def _being_written(buf: Buffer, at: int, size: int, magic: int) -> bool:
+    """A record whose head is written (its size, and its magic code or not yet) and nothing after it: the
+    broker is still copying its bytes in."""
+    return (
+        magic in (MAGIC_V1, MAGIC_V2, 0) and MIN_SIZE <= size <= len(buf) - at and _all_zero(buf, at + size, len(buf))
+    )
+
+
 def _resync(buf: Buffer, start: int, base: int, keep_body: frozenset[str]) -> int | None:
     """The next position after `start` where a whole record decodes, if any."""
     magic_bytes = (_INT.pack(MAGIC_V1), _INT.pack(MAGIC_V2))
@@ -159,7 +166,7 @@ def scan(buf: Buffer, base: int, start: int = 0, keep_body: frozenset[str] = fro
     """
     at, end = start, len(buf)
     while at + 8 <= end:
-        size, magic = struct.unpack_from(">ii", buf, at)
+        size, magic = _SIZE_MAGIC.unpack_from(buf, at)
         if magic == BLANK_MAGIC:
             yield FileEnd(at + base)
             return
@@ -172,8 +179,8 @@ def scan(buf: Buffer, base: int, start: int = 0, keep_body: frozenset[str] = fro
             at += decoded.size
             continue
         resume = _resync(buf, at, base, keep_body)
-        if resume is None and _all_zero(buf, at + max(size, 8) if 0 < size <= end - at else end, end):
-            yield DataEnd(at + base, incomplete=True)  # still being written: the next run reads it whole
+        if resume is None and _being_written(buf, at, size, magic):
+            yield DataEnd(at + base, incomplete=True)  # the next run reads it whole
             return
         yield Corrupt(at + base, decoded, None if resume is None else resume + base)
         if resume is None:

@@ -9,6 +9,7 @@ broker; `stop` ends both, and `RocketMQ` is a context manager so a failing test 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 JARS = REPO / ".jars" / "rocketmq"
-VERSION = "5.3.3"  # tests/rocketmq/pom.xml pins the same
+VERSION = re.search(r"<rocketmq.version>(.+?)</", (Path(__file__).parent / "pom.xml").read_text()).group(1)  # type: ignore[union-attr]
 CLASSPATH = f"{JARS}/*"
 JVM = ["-Xms64m", "-Xmx256m", "-XX:MaxDirectMemorySize=256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
 START_TIMEOUT_S = 90
