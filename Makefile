@@ -84,5 +84,11 @@ bench-ingest: setup
 bench-reconcile: setup
 	$(BIN)/python -m tests.bench.bench_reconcile
 
+# export-store decoding a commit log of 256 MiB and of 1 GiB (BENCH_EXPORT_MIB) written from the broker
+# model through the store encoding: records per second on one core and peak memory.
+bench-export: setup
+	mkdir -p landing
+	$(BIN)/python -m tests.bench.bench_export
+
 clean:
 	rm -rf warehouse landing .pytest_cache .mypy_cache .ruff_cache

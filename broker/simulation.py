@@ -172,6 +172,8 @@ class Simulation:
             self.at(when(), P_CONTROL, self._crash_soon, rng.choice(sorted(self.brokers)))
         for _ in range(p.check_stall):
             self.at(when(), P_CONTROL, self._stall, rng.choice(sorted(self.brokers)))
+        for _ in range(p.op_stall):
+            self.at(when(), P_CONTROL, self._op_stall, rng.choice(sorted(self.brokers)))
         for _ in range(p.consumer_crash):
             self.at(when(), P_CONTROL, self._consumer_crash, rng.choice(sorted(self.members)))
         for _ in range(p.consumer_scale):
@@ -234,6 +236,9 @@ class Simulation:
         if p.immunity_ratio and rng.random() < p.immunity_ratio:
             txn.immunity_s = rng.choice((30, 60, 120))
             self._fault(txn, "immunity")
+        if p.unaware_checker and rng.random() < p.unaware_checker:
+            txn.unaware_checker = True
+            self._fault(txn, "unaware_checker")
         self.open[key] = txn
         original = self._store_half(b, txn, None, None)
         exec_ms = 5 + int(rng.random() * 195)
@@ -383,7 +388,7 @@ class Simulation:
                 b.op_ctx.append((entry.offset, txn))
                 b.op_ctx_chars += len(str(entry.offset)) + 1
                 txn.inflight += 1
-                if b.op_ctx_chars > self.cfg.op_msg_max_size:
+                if b.op_ctx_chars > self.cfg.op_msg_max_size and not self._op_stalled(b):
                     self._flush_ops(b)
             else:
                 self._store_op(b, [(entry.offset, txn)], str(entry.offset))
@@ -404,8 +409,23 @@ class Simulation:
     def _op_tick(self, b: BrokerState) -> None:
         """TransactionalOpBatchService: flush when over size or an interval after the last op write."""
         self.at(self.now + self.cfg.op_batch_interval_ms, P_OP, self._op_tick, b)
-        if b.up and b.op_ctx and self.now - b.op_last_flush >= self.cfg.op_batch_interval_ms:
+        if (
+            b.up
+            and b.op_ctx
+            and self.now - b.op_last_flush >= self.cfg.op_batch_interval_ms
+            and not self._op_stalled(b)
+        ):
             self._flush_ops(b)
+
+    def _op_stalled(self, b: BrokerState) -> bool:
+        return self.now < b.op_stalled_until
+
+    def _op_stall(self, name: str) -> None:
+        """The op batch service writes nothing for a while (a busy store, issue #9500's backlog): the check
+        service then finds committed and rolled-back transactions without their op, and checks them."""
+        b = self.brokers[name]
+        b.op_stalled_until = self.now + self.rng.randint(30_000, 90_000)
+        self._fault(None, "op_stall")
 
     def _flush_ops(self, b: BrokerState) -> None:
         items, b.op_ctx, b.op_ctx_chars, b.op_last_flush = b.op_ctx, [], 0, self.now
@@ -421,7 +441,9 @@ class Simulation:
 
         Ops are applied as they are stored, so the pass sees every op written before it (the
         removeMap after pulling all op messages). Like the broker it walks strictly in offset order
-        and stops at the first message that is too young or was stored during this pass.
+        and stops at the first message that is too young or was stored during this pass. A copy is
+        resolved only by an op listing its own offset: a 5.3.3 broker ignores op offsets below its
+        progress, so an immunity copy is never resolved through its prepared offset (DESIGN §2).
         """
         cfg = self.cfg
         self.at(self.now + cfg.check_interval_ms, P_PASS, self._check_pass, b)
@@ -434,7 +456,7 @@ class Simulation:
                 break
             txn = entry.txn
             prepared = entry.prepared_offset
-            if entry.offset in txn.op_offsets or (prepared is not None and prepared in txn.op_offsets):
+            if entry.offset in txn.op_offsets:
                 i += 1  # resolved: skipped without reading
                 continue
             ct = entry.check_times
@@ -483,10 +505,12 @@ class Simulation:
         self._later(txn, self.now + NET_MS, self._check_answer, (txn, copy, producer))
 
     def _check_answer(self, arg: tuple[Txn, HalfEntry, Producer]) -> None:
-        """checkLocalTransaction: the business state if known by now, else UNKNOW (which sends nothing)."""
+        """checkLocalTransaction: the business state if known by now (an application answers from its own
+        table, also for a transaction it ended already), else UNKNOW, which sends nothing."""
         txn, copy, producer = arg
         txn.inflight -= 1
-        if producer.alive and txn.decided_at is not None and self.now >= txn.decided_at:
+        known = txn.decided_at is not None and self.now >= txn.decided_at and not txn.unaware_checker
+        if producer.alive and known:
             self._send_end(txn, copy, txn.outcome, from_check=True)
         self._maybe_settle(txn)
 

@@ -32,6 +32,7 @@ class Txn:
         "resolved_ts",
         "tags",
         "topic",
+        "unaware_checker",
         "uniq_key",
     )  # fmt: skip
 
@@ -49,6 +50,7 @@ class Txn:
         self.immunity_s: int | None = None
         self.outcome = outcome  # the business decision: "COMMIT" or "ROLLBACK"
         self.decided_at: int | None = None  # when a check can learn the outcome; None: never
+        self.unaware_checker = False  # the application answers its checks UNKNOW whatever it decided
         self.faults: list[str] = []
         self.last_copy_ts = 0
         self.max_check_times = 0
@@ -81,6 +83,7 @@ class BrokerState:
         self.batched_ops = spec.batched_ops
         self.up = True
         self.stalled_until = 0
+        self.op_stalled_until = 0
         self.crash_pending = False
         self.phys = 0  # next commit-log physical offset
         # Half queue 0, kept from the flushed check progress on (a crash reverts progress to it).

@@ -30,6 +30,8 @@ class Facts(Protocol):
     born_ts: int
     last_copy_ts: int
     max_check_times: int
+    max_copy_offset: int
+    op_offsets: set[int]
     resolved_ts: int | None
     commit_ts: list[int]
     discard_ts: int | None
@@ -44,6 +46,8 @@ class TxnFacts:
     born_ts: int
     last_copy_ts: int
     max_check_times: int = 0  # 0: only the original (no TRANSACTION_CHECK_TIMES)
+    max_copy_offset: int = 0  # the half queue offset of its newest copy
+    op_offsets: set[int] = field(default_factory=set)  # the half offsets of its copies that ops list
     resolved_ts: int | None = None  # first op stored that lists one of its copies
     commit_ts: list[int] = field(default_factory=list)  # store times of its final messages
     discard_ts: int | None = None  # first record in TRANS_CHECK_MAX_TIME_TOPIC
@@ -62,6 +66,10 @@ def classify(
 ) -> tuple[str, str | None, list[Anomaly]]:
     """(state, discard reason, anomalies) of one transaction as of `as_of` (DESIGN §2)."""
     anomalies: list[Anomaly] = []
+    if facts.resolved_ts is not None and facts.max_check_times > 0 and facts.max_copy_offset not in facts.op_offsets:
+        # Resolved, but its newest copy is a check copy no op lists: the broker keeps checking it.
+        detail = {"discarded": facts.discard_ts is not None, "committed_twice": len(facts.commit_ts) > 1}
+        anomalies.append(Anomaly("RECHECKED_AFTER_RESOLUTION", None, facts.resolved_ts, detail))
     if facts.commit_ts:
         first = min(facts.commit_ts)
         if len(facts.commit_ts) > 1:

@@ -76,6 +76,12 @@ def render(data: dict[str, Any]) -> str:
         _section("Orphaned commits", "orphaned", _table("orphaned", data["orphaned"], total=data["orphaned_total"])),
         _section("Duplicate commits", "duplicates",
                  _table("duplicates", data["duplicates"], total=data["duplicates_total"])),
+        _section("Op lag and transactions checked after their resolution", "op-lag",
+                 op_lag_chart(data["op_lag"])
+                 + _table("rechecked", data["rechecked"], total=data["rechecked_total"]),
+                 "Op lag: from a transaction's first final message to the op that resolves it. Past the check "
+                 "timeout, the check service finds committed transactions without their op and checks them "
+                 "again: a duplicate commit if the producer answers from its records, else a discard."),
         _section("Offset regressions", "regressions", regression_chart(data["regressions"])
                  + _table("regressions", data["regressions"], total=data["regressions_total"]),
                  "One lane per consumer group, topic and queue; a circle's area is the redelivery estimate."),
@@ -129,6 +135,13 @@ def over_time_chart(title: str, over_time: dict[str, Any], order: Sequence[str])
         series[group][index[bucket]] += n
     labels = [time_label(b, width) for b in buckets]
     return stacked_bars(f"{title} per {width // 1000:,} s", labels, series, "count")
+
+
+def op_lag_chart(op_lag: dict[str, Any]) -> str:
+    """The largest op lag per time bucket, in ms."""
+    width, rows = op_lag["bucket_ms"], op_lag["rows"]
+    labels = [time_label(b, width) for b, _ in rows]
+    return stacked_bars(f"largest op lag per {width // 1000:,} s", labels, {"op lag": [m for _, m in rows]}, "ms")
 
 
 def regression_chart(rows: list[dict[str, Any]]) -> str:

@@ -10,6 +10,7 @@ run started at, so such a repeat rewrites the same files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import mmap
@@ -146,8 +147,9 @@ def _messages(files: list[tuple[int, Path]], position: int, summary: Summary) ->
         if path.stat().st_size == 0:
             continue  # just created by the broker: nothing in it yet
         log.info("reading %s from position %d", path.name, position)
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            for entry in scan(buf, start, position - start, _KEEP_BODY):
+        with (open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf,
+              contextlib.closing(scan(buf, start, position - start, _KEEP_BODY)) as entries):  # fmt: skip
+            for entry in entries:
                 if isinstance(entry, Message):
                     yield entry
                     position = entry.position + entry.size

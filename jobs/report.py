@@ -90,6 +90,7 @@ def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
             "anomalies_over_time": anomalies,
         }
         data |= _anomaly_tables(keyed, data["anomaly_counts"])
+        data["op_lag"] = _op_lag(life)
     finally:
         keyed.unpersist()
     data["dq_latest"], data["dq_runs"] = _quality(t.get("dq_results"))
@@ -125,6 +126,8 @@ def _anomaly_tables(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
         "orphaned_total": counts.get("ORPHANED_COMMIT", 0),
         "duplicates": _rows(keyed.where(kind == "DUPLICATE_COMMIT").orderBy(*latest), txn_columns, ROWS),
         "duplicates_total": counts.get("DUPLICATE_COMMIT", 0),
+        "rechecked": _rows(keyed.where(kind == "RECHECKED_AFTER_RESOLUTION").orderBy(*latest), txn_columns, ROWS),
+        "rechecked_total": counts.get("RECHECKED_AFTER_RESOLUTION", 0),
         "regressions": _rows(regressions.orderBy(*by_queue), regression_columns, ROWS),
         "regressions_total": counts.get("OFFSET_REGRESSION", 0),
     }
@@ -155,6 +158,25 @@ def _over_time(df: DataFrame, ts: Column, group: str) -> dict[str, Any]:
     width = bucket_ms(first, last)
     counts = timed.groupBy((F.floor(F.col("ts") / width) * width).alias("bucket"), group).count().collect()
     return {"bucket_ms": width, "counts": [(int(r["bucket"]), r[group], r["count"]) for r in counts]}
+
+
+def _op_lag(life: DataFrame) -> dict[str, Any]:
+    """Op lag per time bucket of the commit: how long after a transaction's first final message the op
+    resolving it was stored, the largest per bucket. A lag past the check timeout lets the check service
+    reach committed transactions: the early warning of RECHECKED_AFTER_RESOLUTION and duplicate commits."""
+    lag = F.col("resolved_ts") - F.col("first_commit_ts")
+    timed = life.select(F.col("first_commit_ts").alias("ts"), lag.alias("lag")).where(F.col("lag") >= 0)
+    first, last = timed.agg(F.min("ts"), F.max("ts")).collect()[0]
+    if first is None:
+        return {"bucket_ms": 1000, "rows": []}
+    width = bucket_ms(first, last)
+    rows = (
+        timed.groupBy((F.floor(F.col("ts") / width) * width).alias("bucket"))
+        .agg(F.max("lag").alias("max_ms"))
+        .orderBy("bucket")
+        .collect()
+    )
+    return {"bucket_ms": width, "rows": [(int(r["bucket"]), int(r["max_ms"])) for r in rows]}
 
 
 def _age_bins(stuck: DataFrame) -> list[tuple[str, int]]:

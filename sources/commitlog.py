@@ -13,6 +13,7 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 MAGIC_V1 = -626843481  # 0xDAA320A7: topic length in one byte
 MAGIC_V2 = -626843477  # 0xDAA320AB: topic length in two bytes (topics longer than 127)
@@ -29,13 +30,14 @@ _SIZE_MAGIC = struct.Struct(">ii")
 _LONG = struct.Struct(">q")
 _INT = struct.Struct(">i")
 _SHORT = struct.Struct(">h")
-_TAIL = struct.Struct(">iq")  # RECONSUMETIMES PREPAREDTRANSACTIONOFFSET
+_TAIL = struct.Struct(">iqi")  # RECONSUMETIMES PREPAREDTRANSACTIONOFFSET BODYLENGTH
+_V4_TAIL = struct.Struct(">q8xiqi")  # STORETIMESTAMP STOREHOST(IPv4) RECONSUMETIMES PREPARED... BODYLENGTH
 MIN_SIZE = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2  # IPv4 hosts, empty body/topic/props
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One stored message. `position` is its physical offset as read, `physical_offset` as written."""
+class Message(NamedTuple):
+    """One stored message. `position` is its physical offset as read, `physical_offset` as written. (A named
+    tuple: a frozen dataclass costs a third of the decoding time to build.)"""
 
     position: int
     size: int
@@ -85,34 +87,36 @@ Buffer = bytes | mmap.mmap  # both slice to bytes and have find()
 
 def properties(text: str) -> dict[str, str]:
     """`name 0x01 value 0x02` entries (reference §4.2); entries without a separator are ignored."""
-    out = {}
-    for entry in text.split(PROPERTY_SEP):
-        name, sep, value = entry.partition(NAME_VALUE)
-        if sep and name:
-            out[name] = value
-    return out
+    tokens = text.replace(NAME_VALUE, PROPERTY_SEP).split(PROPERTY_SEP)
+    if len(tokens) % 2 and text.count(NAME_VALUE) == len(tokens) // 2 and not tokens[-1]:
+        return dict(zip(tokens[:-1:2], tokens[1::2], strict=True))  # well formed: every entry a pair
+    pairs = (entry.split(NAME_VALUE, 1) for entry in text.split(PROPERTY_SEP) if NAME_VALUE in entry)
+    return {pair[0]: pair[1] for pair in pairs if pair[0]}
 
 
-def _decode(buf: Buffer, at: int, base: int, keep_body: frozenset[str]) -> Message | str:
-    """The message at `at`, or why there is none."""
+def _decode(buf: Buffer, view: memoryview, at: int, base: int, keep_body: frozenset[str]) -> Message | str:
+    """The message at `at`, or why there is none. `view` is a memoryview of `buf`: the body's CRC is taken
+    without copying the body."""
     size, magic = _SIZE_MAGIC.unpack_from(buf, at)
     if magic not in (MAGIC_V1, MAGIC_V2):
         return f"bad magic code {magic & 0xFFFFFFFF:#010x}"
     if size < MIN_SIZE or at + size > len(buf):
         return f"bad length {size}"
     _, _, body_crc, queue_id, flag, queue_offset, physical, sys_flag, born_ts = _HEAD.unpack_from(buf, at)
-    p = at + 48 + (20 if sys_flag & BORNHOST_V6 else 8)
-    store_ts = _LONG.unpack_from(buf, p)[0]
-    p += 8 + (20 if sys_flag & STOREHOST_V6 else 8)
-    reconsume, prepared = _TAIL.unpack_from(buf, p)
-    p += 12
-    body_len = _INT.unpack_from(buf, p)[0]
-    p += 4
+    if not sys_flag & (BORNHOST_V6 | STOREHOST_V6):  # IPv4 hosts, the usual case: one unpack
+        store_ts, reconsume, prepared, body_len = _V4_TAIL.unpack_from(buf, at + 56)
+        p = at + 88
+    else:
+        p = at + 48 + (20 if sys_flag & BORNHOST_V6 else 8)
+        store_ts = _LONG.unpack_from(buf, p)[0]
+        p += 8 + (20 if sys_flag & STOREHOST_V6 else 8)
+        reconsume, prepared, body_len = _TAIL.unpack_from(buf, p)
+        p += 16
     if body_len < 0 or p + body_len > at + size:
         return f"bad body length {body_len}"
-    body = bytes(buf[p : p + body_len])
-    if zlib.crc32(body) & 0x7FFFFFFF != body_crc:
+    if zlib.crc32(view[p : p + body_len]) & 0x7FFFFFFF != body_crc:
         return "body CRC mismatch"
+    body_at = p
     p += body_len
     if magic == MAGIC_V1:
         topic_len = buf[p]
@@ -120,15 +124,14 @@ def _decode(buf: Buffer, at: int, base: int, keep_body: frozenset[str]) -> Messa
     else:
         topic_len = _SHORT.unpack_from(buf, p)[0]
         p += 2
-    topic = bytes(buf[p : p + topic_len]).decode("utf-8", "replace")
-    p += topic_len
-    props_len = _SHORT.unpack_from(buf, p)[0]
-    p += 2
-    if props_len < 0 or p + props_len != at + size:
-        return f"bad properties length {props_len}"
-    props = bytes(buf[p : p + props_len]).decode("utf-8", "replace")
+    topic = buf[p : p + topic_len].decode("utf-8", "replace")
+    p += topic_len + 2
+    if p + _SHORT.unpack_from(buf, p - 2)[0] != at + size:
+        return f"bad properties length {_SHORT.unpack_from(buf, p - 2)[0]}"
+    props = buf[p : at + size].decode("utf-8", "replace")
+    body = buf[body_at : body_at + body_len] if topic in keep_body else None
     return Message(at + base, size, queue_id, flag, queue_offset, physical, sys_flag, born_ts, store_ts, reconsume,
-                   prepared, body_len, topic, props, body if topic in keep_body else None)  # fmt: skip
+                   prepared, body_len, topic, props, body)  # fmt: skip
 
 
 def _all_zero(buf: Buffer, start: int, end: int, chunk: int = 1 << 20) -> bool:
@@ -152,8 +155,9 @@ def _resync(buf: Buffer, start: int, base: int, keep_body: frozenset[str]) -> in
         if not found:
             return None
         candidate = min(found) - 4
-        if isinstance(_decode(buf, candidate, base, keep_body), Message):
-            return candidate
+        with memoryview(buf) as view:
+            if isinstance(_decode(buf, view, candidate, base, keep_body), Message):
+                return candidate
         at = candidate + 1
 
 
@@ -165,25 +169,26 @@ def scan(buf: Buffer, base: int, start: int = 0, keep_body: frozenset[str] = fro
     corrupt record is reported and the walk resumes at the next record that decodes.
     """
     at, end = start, len(buf)
-    while at + 8 <= end:
-        size, magic = _SIZE_MAGIC.unpack_from(buf, at)
-        if magic == BLANK_MAGIC:
-            yield FileEnd(at + base)
-            return
-        if size == 0 and magic == 0:
-            yield DataEnd(at + base)
-            return
-        decoded = _decode(buf, at, base, keep_body)
-        if isinstance(decoded, Message):
-            yield decoded
-            at += decoded.size
-            continue
-        resume = _resync(buf, at, base, keep_body)
-        if resume is None and _being_written(buf, at, size, magic):
-            yield DataEnd(at + base, incomplete=True)  # the next run reads it whole
-            return
-        yield Corrupt(at + base, decoded, None if resume is None else resume + base)
-        if resume is None:
-            return
-        at = resume
-    yield DataEnd(at + base)
+    with memoryview(buf) as view:  # released when the walk ends or its consumer closes it
+        while at + 8 <= end:
+            size, magic = _SIZE_MAGIC.unpack_from(buf, at)
+            if magic == BLANK_MAGIC:
+                yield FileEnd(at + base)
+                return
+            if size == 0 and magic == 0:
+                yield DataEnd(at + base)
+                return
+            decoded = _decode(buf, view, at, base, keep_body)
+            if isinstance(decoded, Message):
+                yield decoded
+                at += decoded.size
+                continue
+            resume = _resync(buf, at, base, keep_body)
+            if resume is None and _being_written(buf, at, size, magic):
+                yield DataEnd(at + base, incomplete=True)  # the next run reads it whole
+                return
+            yield Corrupt(at + base, decoded, None if resume is None else resume + base)
+            if resume is None:
+                return
+            at = resume
+        yield DataEnd(at + base)

@@ -41,6 +41,9 @@ def _data() -> dict[str, Any]:
         "orphaned_total": 0,
         "duplicates": [],
         "duplicates_total": 0,
+        "rechecked": [dict(txn, anomaly_type="RECHECKED_AFTER_RESOLUTION", uniq_key="K2", anomaly_id="c" * 64)],
+        "rechecked_total": 1,
+        "op_lag": {"bucket_ms": 1000, "rows": [(T0, 400), (T0 + 2000, 5_400)]},
         "regressions": [regression],
         "regressions_total": 1,
         "dq_latest": [
@@ -70,10 +73,11 @@ def test_every_finding_is_drawn_and_keyed() -> None:
     charts = re.findall(r'<svg class="chart[^"]*" role="img" aria-label="([^"]+)"(.*?)</svg>', html, flags=re.S)
     marks = {label: body.count('class="mark"') for label, body in charts}
     # 3 bars of states (bucket 0: committed; bucket 3: committed + pending), 2 anomaly bars, 1 age bar,
-    # 1 regression circle.
+    # 2 op-lag bars, 1 regression circle.
     assert marks == {"transactions by state per 1 s": 3, "anomalies by type per 1 s": 2, "stuck-half age": 1,
-                     "offset regressions": 1}  # fmt: skip
-    assert "a" * 64 in html and "b" * 64 in html
+                     "largest op lag per 1 s": 2, "offset regressions": 1}  # fmt: skip
+    assert "a" * 64 in html and "b" * 64 in html and "c" * 64 in html
+    assert "op lag: 5,400" in html
     assert '<tr class="fail">' in html  # the failed expectation stands out
     assert 'id="orphaned"' in html and "None." in html  # an empty table says so
 

@@ -77,7 +77,10 @@ def test_clean_data_passes_and_broken_data_fails(
     # Break the data straight in bronze: a second record under an existing half key, an op listing an
     # offset no half has, a negative consumer offset.
     half = spark.table(cfg.table("half_events"))
-    victim = half.orderBy("queue_offset").limit(1)
+    committed = spark.table(cfg.table("real_events")).select(F.col("prepared_transaction_offset").alias("_p"))
+    # A half no commit points at: the forged copy then breaks the key alone, not the commit references.
+    uncommitted = half.join(committed, half["commit_log_offset"] == committed["_p"], "left_anti")
+    victim = uncommitted.orderBy("queue_offset").limit(1).select(*half.columns)
     victim.withColumn("uniq_key", F.lit("FORGED")).write.insertInto(cfg.table("half_events"))
     op = spark.table(cfg.table("op_events"))
     top = op.agg(F.max("queue_offset")).collect()[0][0]

@@ -5,34 +5,18 @@ from __future__ import annotations
 
 import json
 import struct
-import zlib
 from pathlib import Path
 
 import pytest
 
 from jobs.cli import main
 from sources import offsets
-from sources.commitlog import BLANK_MAGIC, MAGIC_V1, MAGIC_V2, Corrupt, DataEnd, FileEnd, Message, properties, scan
+from sources.commitlog import BLANK_MAGIC, Corrupt, DataEnd, FileEnd, Message, properties, scan
 from sources.records import half_record, real_record, stream_of
+from tests.store_encoding import encode
 
 CAPTURED = Path(__file__).parent / "data" / "rocketmq-5.3.3"
 OP = frozenset({"RMQ_SYS_TRANS_OP_HALF_TOPIC"})
-
-
-def encode(topic: str, props: dict[str, str], *, position: int = 0, body: bytes = b"x", queue_offset: int = 0,
-           sys_flag: int = 0, prepared: int = 0, ipv6: bool = False, v2: bool = False) -> bytes:  # fmt: skip
-    """One commit-log record laid out as reference §4.1 says, independently of the decoder."""
-    host = (b"\0" * 15 + b"\1" if ipv6 else b"\x7f\0\0\1") + struct.pack(">i", 10911)
-    flag = sys_flag | (0x30 if ipv6 else 0)
-    text = "".join(f"{k}\x01{v}\x02" for k, v in props.items()).encode()
-    name = topic.encode()
-    tail = (struct.pack(">i", len(body)) + body + (struct.pack(">h", len(name)) if v2 else bytes([len(name)])) + name
-            + struct.pack(">h", len(text)) + text)  # fmt: skip
-    head_len = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + len(host) + 8 + len(host) + 4 + 8
-    size = head_len + len(tail)
-    head = struct.pack(">iiiiiqqiq", size, MAGIC_V2 if v2 else MAGIC_V1, zlib.crc32(body) & 0x7FFFFFFF, 0, 0,
-                       queue_offset, position, flag, 1_000)  # fmt: skip
-    return head + host + struct.pack(">q", 2_000) + host + struct.pack(">iq", 0, prepared) + tail
 
 
 def messages(buf: bytes, base: int = 0) -> list[Message]:

@@ -95,13 +95,13 @@ def reference_findings(
     found: set[tuple[Any, ...]] = set()
     for k in sorted(set(copies) | set(commits)):
         halves, cs = copies.get(k, []), commits.get(k, [])
-        times = [
-            resolved_at.get((h["broker_name"], h["queue_id"], off))
-            for h in halves
-            for off in (h["queue_offset"], h.get("prepared_queue_offset"))
-            if off is not None
-        ]
+        times = [resolved_at.get((h["broker_name"], h["queue_id"], h["queue_offset"])) for h in halves]
         resolved = min((t for t in times if t is not None), default=None)
+        checked = [h for h in halves if h.get("check_times")]
+        if resolved is not None and checked:
+            last = max(checked, key=lambda h: h["queue_offset"])
+            if (last["broker_name"], last["queue_id"], last["queue_offset"]) not in resolved_at:
+                found.add(("RECHECKED_AFTER_RESOLUTION", *k, None))
         if cs:
             states[k] = ("COMMITTED", None)
             first = min(c["store_timestamp"] for c in cs)

@@ -107,3 +107,24 @@ def test_lost_end_is_recovered_by_a_check() -> None:
     assert via_copy, "some commits only happen after a check (the end request was lost)"
     states = {t["state"] for t in run.truth_transactions}
     assert states <= {"COMMITTED", "DISCARDED"}
+
+
+def test_a_check_before_the_op_commits_again_or_leaves_the_copy_open() -> None:
+    """Seen on a real 5.3.3 broker: with its op late, a committed transaction is checked. An application
+    answering from its table commits it again at every check until the op comes; one answering UNKNOW
+    leaves the check copy open, so the broker checks it to the end and discards it, committed as it is."""
+    stalled = {"op_stall": 1, "commit_ratio": 1.0, "txn_per_second": 1.0, **QUIET}
+    aware = run_model(60, seed=4, profile="clean", **stalled)
+    unaware = run_model(60, seed=4, profile="clean", unaware_checker=1.0, **stalled)
+    again = [t for t in aware.truth_transactions if t["commit_count"] > 1]
+    assert again and all(t["commit_count"] == 1 + t["check_times"] for t in again)  # one more per check
+    assert {a["anomaly_type"] for a in aware.truth_anomalies} == {"DUPLICATE_COMMIT"}
+    rechecked = [a for a in unaware.truth_anomalies if a["anomaly_type"] == "RECHECKED_AFTER_RESOLUTION"]
+    checked = {t["uniq_key"] for t in unaware.truth_transactions if t["check_times"] and t["state"] == "COMMITTED"}
+    assert checked and {a["uniq_key"] for a in rechecked} == checked
+    assert all(a["detail"] == {"discarded": True, "committed_twice": False} for a in rechecked)
+    by_key = {t["uniq_key"]: t for t in unaware.truth_transactions}
+    assert all(by_key[a["uniq_key"]]["check_times"] == 15 and by_key[a["uniq_key"]]["commit_count"] == 1
+               for a in rechecked)  # fmt: skip
+    discards = {r["uniq_key"] for r in unaware.records["real"] if r["topic"] == DISCARD_TOPIC}
+    assert discards == {a["uniq_key"] for a in rechecked}

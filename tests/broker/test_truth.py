@@ -62,4 +62,21 @@ def test_commits() -> None:
 
 
 def test_resolved_without_commit_is_rolled_back_even_if_maxed() -> None:
-    assert _classify(T0 + 10**7, resolved_ts=T0 + 5, max_check_times=15) == ("ROLLED_BACK", None, [])
+    rolled_back = {"resolved_ts": T0 + 5, "max_check_times": 15, "max_copy_offset": 15, "op_offsets": {15}}
+    assert _classify(T0 + 10**7, **rolled_back) == ("ROLLED_BACK", None, [])
+
+
+def test_rechecked_when_the_newest_check_copy_stays_open() -> None:
+    # Committed through the original (offset 0); the check copy at 7 came before the op and no op lists it.
+    _, _, [a] = _classify(T0 + 10**6, commit_ts=[T0 + 100], resolved_ts=T0 + 4_000, max_check_times=1,
+                          max_copy_offset=7, op_offsets={0}, discard_ts=T0 + 90_000)  # fmt: skip
+    assert (a.anomaly_type, a.event_ts, a.detail) == (
+        "RECHECKED_AFTER_RESOLUTION",
+        T0 + 4_000,
+        {"discarded": True, "committed_twice": False},
+    )
+    # An earlier open copy is harmless when the newest one is resolved; no check copy at all, too.
+    found = _classify(T0 + 10**6, commit_ts=[T0 + 100, T0 + 9_000], resolved_ts=T0 + 4_000, max_check_times=2,
+                      max_copy_offset=9, op_offsets={0, 9})[2]  # fmt: skip
+    assert [a.anomaly_type for a in found] == ["DUPLICATE_COMMIT"]
+    assert _classify(T0 + 10**6, commit_ts=[T0 + 100], resolved_ts=T0 + 200, op_offsets={0})[2] == []

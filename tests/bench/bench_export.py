@@ -1,0 +1,138 @@
+"""export-store throughput and memory: a commit log of transactional traffic from the broker model, written
+through the store encoding (tests/store_encoding.py) into 1 GiB files, then exported by one process.
+
+Run with `make bench-export` (BENCH_EXPORT_MIB="256 1024" by default: two sizes, to show memory flat in
+the store's size). Prints records per second of the export's own work and its peak RSS; a benchmark,
+not a test: nothing here asserts on time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from broker.profiles import PROFILES
+from broker.simulation import simulate
+from schemas import LANDING
+from tests.store_encoding import blank, encode
+
+FILE_BYTES = 1 << 30  # mappedFileSizeCommitLog's default
+_NAMES = {stream: schema.names for stream, schema in LANDING.items()}
+_HALF_PROPS = {"uniq_key": "UNIQ_KEY", "transaction_id": "__transactionId__", "producer_group": "PGROUP",
+               "real_topic": "REAL_TOPIC", "real_queue_id": "REAL_QID", "check_times": "TRANSACTION_CHECK_TIMES",
+               "check_immunity_seconds": "CHECK_IMMUNITY_TIME_IN_SECONDS",
+               "prepared_queue_offset": "TRAN_PREPARED_QUEUE_OFFSET", "tags": "TAGS", "keys": "KEYS"}  # fmt: skip
+
+
+class _Full(Exception):
+    pass
+
+
+class CommitLogSink:
+    """The model's half, op and real records as commit-log records, file after file, until `limit` bytes."""
+
+    def __init__(self, folder: Path, limit: int) -> None:
+        folder.mkdir(parents=True)
+        self.folder, self.limit, self.position, self.records = folder, limit, 0, 0
+        self.file_start, self.handle = 0, open(folder / f"{0:020d}", "wb")  # noqa: SIM115
+
+    def record(self, stream: str, rec: tuple[Any, ...]) -> None:
+        if stream == "offset":
+            return
+        r = dict(zip(_NAMES[stream], rec, strict=True))
+        if stream == "half":
+            props = {p: str(r[k]) for k, p in _HALF_PROPS.items() if r[k] is not None} | {"TRAN_MSG": "true"}
+            data = self._encode("RMQ_SYS_TRANS_HALF_TOPIC", props, r, b"x" * r["body_size"])
+        elif stream == "op":
+            data = self._encode("RMQ_SYS_TRANS_OP_HALF_TOPIC", {"TAGS": "d"}, r, r["body"].encode())
+        else:
+            props = {"UNIQ_KEY": r["uniq_key"], "TRAN_MSG": "true" if r["transactional"] else "false"}
+            data = self._encode(r["topic"], props, r, b"x" * (r["body_size"] or 0), sys_flag=r["sys_flag"],
+                                prepared=r["prepared_transaction_offset"] or 0)  # fmt: skip
+        self.handle.write(data)
+        self.position += len(data)
+        self.records += 1
+        if self.position >= self.limit:
+            raise _Full
+
+    def _encode(self, topic: str, props: dict[str, str], r: dict[str, Any], body: bytes, **kw: Any) -> bytes:
+        def at(position: int) -> bytes:
+            return encode(topic, props, position=position, body=body, queue_offset=r["queue_offset"],
+                          queue_id=r["queue_id"], born=r["born_timestamp"], store=r["store_timestamp"], **kw)  # fmt: skip
+
+        data = at(self.position)
+        if self.position + len(data) + 8 > self.file_start + FILE_BYTES:  # the writer's end-of-file rule
+            self.handle.write(blank(self.file_start + FILE_BYTES - self.position))
+            self.handle.close()
+            self.file_start = self.position = self.file_start + FILE_BYTES
+            self.handle = open(self.folder / f"{self.file_start:020d}", "wb")  # noqa: SIM115
+            data = at(self.position)
+        return data
+
+    def close(self) -> None:
+        self.handle.truncate(FILE_BYTES)  # the broker maps whole files; the unwritten rest reads as zeros
+        self.handle.close()
+
+    def truth_transaction(self, rec: tuple[Any, ...]) -> None:
+        pass
+
+    def truth_anomaly(self, rec: dict[str, Any]) -> None:
+        pass
+
+
+def build_store(store: Path, limit: int) -> int:
+    sink = CommitLogSink(store / "commitlog", limit)
+    try:
+        simulate(10**9, 1, PROFILES["default"], sink)
+    except _Full:
+        pass
+    sink.close()
+    return sink.records
+
+
+def export_once(store: Path, landing: Path) -> None:
+    """In a child process: the export job's own work, timed without the interpreter's start."""
+    import argparse
+
+    from jobs.config import load_config
+    from jobs.export_store import run
+
+    started = time.perf_counter()
+    run(argparse.Namespace(store=store, landing=landing, broker_name="broker-a"), load_config())
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": time.perf_counter() - started, "peak_mib": peak_mib}))
+
+
+def main() -> int:
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        export_once(Path(sys.argv[2]), Path(sys.argv[3]))
+        return 0
+    sizes = [int(x) for x in os.environ.get("BENCH_EXPORT_MIB", "256 1024").split()]
+    with tempfile.TemporaryDirectory(prefix="bench-export-", dir=Path.cwd() / "landing") as tmp:
+        for mib in sizes:
+            store, landing = Path(tmp) / f"store-{mib}", Path(tmp) / f"landing-{mib}"
+            started = time.perf_counter()
+            records = build_store(store, mib << 20)
+            print(f"built a {mib} MiB commit log: {records:,} records in {time.perf_counter() - started:.1f} s")
+            done = subprocess.run([sys.executable, "-m", "tests.bench.bench_export", "--child", str(store),
+                                   str(landing)], capture_output=True, text=True)  # fmt: skip
+            if done.returncode != 0:
+                print(done.stderr, file=sys.stderr)
+                return 1
+            figures = json.loads(done.stdout.strip().splitlines()[-1])
+            seconds, peak_mib = figures["seconds"], figures["peak_mib"]
+            print(done.stdout.strip().splitlines()[0])
+            print(f"export-store {mib} MiB: {records:,} records in {seconds:.1f} s: {records / seconds:,.0f} "
+                  f"records/s on one core; peak RSS {peak_mib:,.0f} MiB")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
