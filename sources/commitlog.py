@@ -11,7 +11,7 @@ from __future__ import annotations
 import mmap
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -161,7 +161,9 @@ def _resync(buf: Buffer, start: int, base: int, keep_body: frozenset[str]) -> in
         at = candidate + 1
 
 
-def scan(buf: Buffer, base: int, start: int = 0, keep_body: frozenset[str] = frozenset()) -> Iterator[Entry]:
+def scan(
+    buf: Buffer, base: int, start: int = 0, keep_body: frozenset[str] = frozenset()
+) -> Generator[Entry, None, None]:
     """Walk a commit-log file's bytes (`base` is the file's first physical offset) from `start`.
 
     Ends with `FileEnd` (the blank record), `DataEnd` (zeros: nothing written yet; or a last record whose

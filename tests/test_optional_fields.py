@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
