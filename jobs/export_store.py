@@ -34,7 +34,8 @@ from sources.records import OP_TOPIC, RECORD, stream_of
 
 log = logging.getLogger(__name__)
 RECORDS_PER_FILE = 500_000
-PROGRESS_EVERY = 1_000_000
+_RELEASE_EVERY = 50_000  # messages between two releases of the pages read (tens of MiB)
+_UNSEEN: Any = object()
 _COMMITLOG_NAME = re.compile(r"^\d{20}$")
 _ENCODE = {name: line_encoder(schema) for name, schema in LANDING.items()}
 _KEEP_BODY = frozenset({OP_TOPIC})
@@ -85,7 +86,7 @@ class _Stream:
 
     def __init__(self, folder: Path, prefix: str, encode: Callable[[Sequence[Any]], str], done: list[Path]) -> None:
         self.folder, self.prefix, self.encode, self.done = folder, prefix, encode, done
-        self.part, self.count = 0, 0
+        self.part, self.count, self.total = 0, 0, 0
         self.handle: IO[str] | None = None
 
     def add(self, rec: tuple[Any, ...]) -> None:
@@ -96,6 +97,7 @@ class _Stream:
         self.count += 1
         if self.count >= RECORDS_PER_FILE:
             self.close()
+            log.info("  %d %s records", self.total, self.folder.name)
 
     def close(self) -> None:
         if self.handle is None:
@@ -105,7 +107,7 @@ class _Stream:
         self.handle.close()
         os.replace(self._path(hidden=True), self._path(hidden=False))
         self.done.append(self._path(hidden=False))
-        self.handle, self.part, self.count = None, self.part + 1, 0
+        self.handle, self.part, self.total, self.count = None, self.part + 1, self.total + self.count, 0
 
     def _path(self, hidden: bool) -> Path:
         name = f"{self.prefix}-{self.part:05d}.jsonl"
@@ -149,10 +151,12 @@ def _messages(files: list[tuple[int, Path]], position: int, summary: Summary) ->
         log.info("reading %s from position %d", path.name, position)
         with (open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf,
               contextlib.closing(scan(buf, start, position - start, _KEEP_BODY)) as entries):  # fmt: skip
-            for entry in entries:
+            released = 0  # the file's bytes before this are read and dropped from our mapping
+            for n, entry in enumerate(entries, 1):
                 if isinstance(entry, Message):
                     yield entry
-                    position = entry.position + entry.size
+                    if not n % _RELEASE_EVERY:
+                        released = _release(buf, released, entry.position - start)
                 elif isinstance(entry, Corrupt):
                     summary.corrupt += 1
                     where = f"{path}: position {entry.position}: {entry.reason}"
@@ -175,6 +179,15 @@ def _messages(files: list[tuple[int, Path]], position: int, summary: Summary) ->
     yield Stop(position)
 
 
+def _release(buf: mmap.mmap, start: int, end: int) -> int:
+    """Drop the pages of [start, end) from this process's mapping: they stay in the page cache, but the
+    export's resident memory stays flat in the commit log's size. Returns the new released boundary."""
+    end -= end % mmap.PAGESIZE
+    if end > start:
+        buf.madvise(mmap.MADV_DONTNEED, start, end - start)
+    return max(start, end)
+
+
 def _export_commitlog(store: Path, landing: Path, broker: str, state: State, summary: Summary) -> Stop:
     folder = store / "commitlog"
     try:
@@ -183,23 +196,27 @@ def _export_commitlog(store: Path, landing: Path, broker: str, state: State, sum
         raise TxnReconError(f"cannot read the commit log folder {folder}: {e.strerror}") from None
     prefix = f"store-{broker}-{state.position:020d}"
     streams = {name: _Stream(landing / name, prefix, _ENCODE[name], summary.files) for name in RECORD}
+    # Per topic: how its messages become records and the stream they go to (None: skipped).
+    routes: dict[str, tuple[Callable[[str, Message], tuple[Any, ...]], _Stream] | None] = {}
     stop = Stop(state.position)
     try:
         for item in _messages(files, state.position, summary):
             if isinstance(item, Stop):
                 stop = item
                 break
-            stream = stream_of(item.topic)
-            if stream is None:
+            route = routes.get(item.topic, _UNSEEN)
+            if route is _UNSEEN:
+                name = stream_of(item.topic)
+                route = routes[item.topic] = None if name is None else (RECORD[name], streams[name])
+            if route is None:
                 summary.skipped[item.topic] += 1
                 continue
-            streams[stream].add(RECORD[stream](broker, item))
-            summary.records[stream] += 1
-            if sum(summary.records.values()) % PROGRESS_EVERY == 0:
-                log.info("  %d records", sum(summary.records.values()))
+            to_record, stream = route
+            stream.add(to_record(broker, item))
     finally:
-        for s in streams.values():
+        for name, s in streams.items():
             s.close()
+            summary.records[name] = s.total
     return stop
 
 

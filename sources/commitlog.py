@@ -27,11 +27,13 @@ PROPERTY_SEP = "\x02"
 # TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG BORNTIMESTAMP: 48 bytes
 _HEAD = struct.Struct(">iiiiiqqiq")
 _SIZE_MAGIC = struct.Struct(">ii")
+_TOPICS: dict[bytes, str] = {}  # topic names are few: each decoded once
 _LONG = struct.Struct(">q")
 _INT = struct.Struct(">i")
 _SHORT = struct.Struct(">h")
 _TAIL = struct.Struct(">iqi")  # RECONSUMETIMES PREPAREDTRANSACTIONOFFSET BODYLENGTH
-_V4_TAIL = struct.Struct(">q8xiqi")  # STORETIMESTAMP STOREHOST(IPv4) RECONSUMETIMES PREPARED... BODYLENGTH
+# Every fixed field with IPv4 hosts, BORNHOST and STOREHOST skipped, up to BODYLENGTH: 88 bytes.
+_V4_FIXED = struct.Struct(">iiiiiqqiq8xq8xiqi")
 MIN_SIZE = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2  # IPv4 hosts, empty body/topic/props
 
 
@@ -88,25 +90,43 @@ Buffer = bytes | mmap.mmap  # both slice to bytes and have find()
 def properties(text: str) -> dict[str, str]:
     """`name 0x01 value 0x02` entries (reference §4.2); entries without a separator are ignored."""
     tokens = text.replace(NAME_VALUE, PROPERTY_SEP).split(PROPERTY_SEP)
-    if len(tokens) % 2 and text.count(NAME_VALUE) == len(tokens) // 2 and not tokens[-1]:
-        return dict(zip(tokens[:-1:2], tokens[1::2], strict=True))  # well formed: every entry a pair
-    pairs = (entry.split(NAME_VALUE, 1) for entry in text.split(PROPERTY_SEP) if NAME_VALUE in entry)
-    return {pair[0]: pair[1] for pair in pairs if pair[0]}
+    if not tokens[-1] and text.count(NAME_VALUE) == len(tokens) // 2:  # well formed: name, value, name, ...
+        pairs = iter(tokens)
+        return dict(zip(pairs, pairs, strict=False))  # (the trailing empty token has no partner)
+    entries = (entry.split(NAME_VALUE, 1) for entry in text.split(PROPERTY_SEP) if NAME_VALUE in entry)
+    return {entry[0]: entry[1] for entry in entries if entry[0]}
 
 
 def _decode(buf: Buffer, view: memoryview, at: int, base: int, keep_body: frozenset[str]) -> Message | str:
     """The message at `at`, or why there is none. `view` is a memoryview of `buf`: the body's CRC is taken
     without copying the body."""
-    size, magic = _SIZE_MAGIC.unpack_from(buf, at)
+    end = len(buf)
+    if at + 88 <= end:  # the usual case, IPv4 hosts: the fixed fields in one unpack
+        (
+            size,
+            magic,
+            body_crc,
+            queue_id,
+            flag,
+            queue_offset,
+            physical,
+            sys_flag,
+            born_ts,
+            store_ts,
+            reconsume,
+            prepared,
+            body_len,
+        ) = _V4_FIXED.unpack_from(buf, at)
+    else:
+        size, magic = _SIZE_MAGIC.unpack_from(buf, at)
+        sys_flag = -1
     if magic not in (MAGIC_V1, MAGIC_V2):
         return f"bad magic code {magic & 0xFFFFFFFF:#010x}"
-    if size < MIN_SIZE or at + size > len(buf):
+    if size < MIN_SIZE or at + size > end:
         return f"bad length {size}"
-    _, _, body_crc, queue_id, flag, queue_offset, physical, sys_flag, born_ts = _HEAD.unpack_from(buf, at)
-    if not sys_flag & (BORNHOST_V6 | STOREHOST_V6):  # IPv4 hosts, the usual case: one unpack
-        store_ts, reconsume, prepared, body_len = _V4_TAIL.unpack_from(buf, at + 56)
-        p = at + 88
-    else:
+    p = at + 88
+    if sys_flag & (BORNHOST_V6 | STOREHOST_V6):  # an IPv6 host shifts every later field
+        _, _, body_crc, queue_id, flag, queue_offset, physical, sys_flag, born_ts = _HEAD.unpack_from(buf, at)
         p = at + 48 + (20 if sys_flag & BORNHOST_V6 else 8)
         store_ts = _LONG.unpack_from(buf, p)[0]
         p += 8 + (20 if sys_flag & STOREHOST_V6 else 8)
@@ -124,7 +144,8 @@ def _decode(buf: Buffer, view: memoryview, at: int, base: int, keep_body: frozen
     else:
         topic_len = _SHORT.unpack_from(buf, p)[0]
         p += 2
-    topic = buf[p : p + topic_len].decode("utf-8", "replace")
+    raw = buf[p : p + topic_len]
+    topic = _TOPICS.get(raw) or _TOPICS.setdefault(raw, raw.decode("utf-8", "replace"))
     p += topic_len + 2
     if p + _SHORT.unpack_from(buf, p - 2)[0] != at + size:
         return f"bad properties length {_SHORT.unpack_from(buf, p - 2)[0]}"

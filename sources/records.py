@@ -36,19 +36,21 @@ def stream_of(topic: str) -> str | None:
 
 
 def _int(value: str | None) -> int | None:
+    """A numeric property, or None when absent or not a number (ingest then quarantines a missing one)."""
+    if value is None:
+        return None
     try:
-        return None if value is None else int(value)
+        return int(value)
     except ValueError:
         return None
 
 
 def half_record(broker: str, m: Message) -> tuple[Any, ...]:
-    p = properties(m.properties)
+    get = properties(m.properties).get
     return (broker, m.queue_id, m.queue_offset, m.physical_offset, m.store_timestamp, m.born_timestamp,
-            p.get("UNIQ_KEY"), p.get("__transactionId__"), p.get("PGROUP"), p.get("REAL_TOPIC"),
-            _int(p.get("REAL_QID")), _int(p.get("TRANSACTION_CHECK_TIMES")),
-            _int(p.get("CHECK_IMMUNITY_TIME_IN_SECONDS")), _int(p.get("TRAN_PREPARED_QUEUE_OFFSET")),
-            p.get("TAGS"), p.get("KEYS"), m.body_size)  # fmt: skip
+            get("UNIQ_KEY"), get("__transactionId__"), get("PGROUP"), get("REAL_TOPIC"), _int(get("REAL_QID")),
+            _int(get("TRANSACTION_CHECK_TIMES")), _int(get("CHECK_IMMUNITY_TIME_IN_SECONDS")),
+            _int(get("TRAN_PREPARED_QUEUE_OFFSET")), get("TAGS"), get("KEYS"), m.body_size)  # fmt: skip
 
 
 def op_record(broker: str, m: Message) -> tuple[Any, ...]:
@@ -58,13 +60,13 @@ def op_record(broker: str, m: Message) -> tuple[Any, ...]:
 
 
 def real_record(broker: str, m: Message) -> tuple[Any, ...]:
-    p = properties(m.properties)
+    get = properties(m.properties).get
     committed = m.sys_flag & TRANSACTION_BITS == COMMIT_TYPE
     # Offset 0 is the first message of a store, a valid half offset; on other messages 0 means none.
     prepared = m.prepared_transaction_offset if committed or m.prepared_transaction_offset else None
     return (broker, m.topic, m.queue_id, m.queue_offset, m.physical_offset, m.store_timestamp, m.born_timestamp,
-            p.get("UNIQ_KEY"), m.sys_flag, p.get("TRAN_MSG") == "true", prepared, p.get("PGROUP"),
-            p.get("__transactionId__"), p.get("TAGS"), p.get("KEYS"), m.body_size, m.reconsume_times)  # fmt: skip
+            get("UNIQ_KEY"), m.sys_flag, get("TRAN_MSG") == "true", prepared, get("PGROUP"), get("__transactionId__"),
+            get("TAGS"), get("KEYS"), m.body_size, m.reconsume_times)  # fmt: skip
 
 
 RECORD = {"half": half_record, "op": op_record, "real": real_record}
