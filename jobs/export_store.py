@@ -77,15 +77,14 @@ class Summary:
     corrupt: int = 0
     offsets: int = 0
     offsets_skipped: int = 0
-    files: list[Path] = field(default_factory=list)
 
 
 class _Stream:
     """One landing stream's files of this run, rotated every RECORDS_PER_FILE records; each written under a
     hidden name, flushed to disk and then renamed, so ingest never reads half a file."""
 
-    def __init__(self, folder: Path, prefix: str, encode: Callable[[Sequence[Any]], str], done: list[Path]) -> None:
-        self.folder, self.prefix, self.encode, self.done = folder, prefix, encode, done
+    def __init__(self, folder: Path, prefix: str, encode: Callable[[Sequence[Any]], str]) -> None:
+        self.folder, self.prefix, self.encode = folder, prefix, encode
         self.part, self.count, self.total = 0, 0, 0
         self.handle: IO[str] | None = None
 
@@ -106,7 +105,6 @@ class _Stream:
         os.fsync(self.handle.fileno())
         self.handle.close()
         os.replace(self._path(hidden=True), self._path(hidden=False))
-        self.done.append(self._path(hidden=False))
         self.handle, self.part, self.total, self.count = None, self.part + 1, self.total + self.count, 0
 
     def _path(self, hidden: bool) -> Path:
@@ -149,8 +147,12 @@ def _messages(files: list[tuple[int, Path]], position: int, summary: Summary) ->
         if path.stat().st_size == 0:
             continue  # just created by the broker: nothing in it yet
         log.info("reading %s from position %d", path.name, position)
-        with (open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf,
-              contextlib.closing(scan(buf, start, position - start, _KEEP_BODY)) as entries):  # fmt: skip
+        try:
+            with open(path, "rb") as f:
+                buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            raise TxnReconError(f"cannot read the commit-log file {path}: {e.strerror}") from None
+        with buf, contextlib.closing(scan(buf, start, position - start, _KEEP_BODY)) as entries:
             released = 0  # the file's bytes before this are read and dropped from our mapping
             for n, entry in enumerate(entries, 1):
                 if isinstance(entry, Message):
@@ -195,7 +197,7 @@ def _export_commitlog(store: Path, landing: Path, broker: str, state: State, sum
     except OSError as e:
         raise TxnReconError(f"cannot read the commit log folder {folder}: {e.strerror}") from None
     prefix = f"store-{broker}-{state.position:020d}"
-    streams = {name: _Stream(landing / name, prefix, _ENCODE[name], summary.files) for name in RECORD}
+    streams = {name: _Stream(landing / name, prefix, _ENCODE[name]) for name in RECORD}
     # Per topic: how its messages become records and the stream they go to (None: skipped).
     routes: dict[str, tuple[Callable[[str, Message], tuple[Any, ...]], _Stream] | None] = {}
     stop = Stop(state.position)
@@ -244,7 +246,7 @@ def _export_offsets(store: Path, landing: Path, broker: str, state: State, summa
         return
     table, mtime_ms = read
     current, summary.offsets_skipped = offset_file.business_offsets(table)
-    stream = _Stream(landing / "offset", f"store-{broker}-{mtime_ms}", _ENCODE["offset"], summary.files)
+    stream = _Stream(landing / "offset", f"store-{broker}-{mtime_ms}", _ENCODE["offset"])
     for key in offset_file.changed(state.offsets, current):
         stream.add(offset_file.offset_record(broker, key, current[key], mtime_ms))
         summary.offsets += 1

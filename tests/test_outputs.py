@@ -56,7 +56,7 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Shipped:
     code for expressions, as production does."""
     root = tmp_path_factory.mktemp("shipped")
     writer = LandingWriter(root / "landing", "jsonl", 5000)
-    summary = simulate(800, 1, dataclasses.replace(PROFILES["chaos"], txn_per_second=2.0), writer)
+    summary = simulate(800, 3, dataclasses.replace(PROFILES["chaos"], txn_per_second=2.0), writer)
     writer.close(summary, {})
     as_of = summary.as_of + HOUR
     # Spark's own expression code generation (FALLBACK), which the rest of the suite turns off.
@@ -109,7 +109,7 @@ def test_dashboard_renders_in_headless_chromium(shipped: Shipped, spark: SparkSe
             "    var b = m.getBoundingClientRect(); return a + b.width * b.height; }, 0);"
             "  return [svg.getAttribute('aria-label'), marks.length, area]; })"
         )  # fmt: skip
-        assert len(charts) == 4 and all(n > 0 and area > 0 for _, n, area in charts), charts
+        assert len(charts) == 5 and all(n > 0 and area > 0 for _, n, area in charts), charts
         anomalies = shipped.table(spark, "anomalies")
         kinds = Counter(a["anomaly_type"] for a in anomalies)
         regression_marks = next(n for label, n, _ in charts if label == "offset regressions")
@@ -117,6 +117,9 @@ def test_dashboard_renders_in_headless_chromium(shipped: Shipped, spark: SparkSe
         # Each anomaly shows its key: the discarded table lists exactly the discarded anomalies' ids.
         shown = {c.text for c in driver.find_elements(By.CSS_SELECTOR, "#discarded td.key") if len(c.text) == 64}
         assert shown == {a["anomaly_id"] for a in anomalies if a["anomaly_type"].startswith("DISCARDED_")}
+        rechecked = {c.text for c in driver.find_elements(By.CSS_SELECTOR, "#rechecked td.key") if len(c.text) == 64}
+        assert rechecked and rechecked == {a["anomaly_id"] for a in anomalies
+                                           if a["anomaly_type"] == "RECHECKED_AFTER_RESOLUTION"}  # fmt: skip
         # Tables sort by a click on a header, then reverse on a second click.
         header = driver.find_element(By.XPATH, "//table[@id='discarded']//th[text()='event_ts']")
         column = [h.text for h in driver.find_elements(By.CSS_SELECTOR, "#discarded th")].index("event_ts")
