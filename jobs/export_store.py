@@ -34,6 +34,7 @@ from sources.records import OP_TOPIC, RECORD, stream_of
 
 log = logging.getLogger(__name__)
 RECORDS_PER_FILE = 500_000
+_LINES_PER_WRITE = 1000
 _RELEASE_EVERY = 50_000  # messages between two releases of the pages read (tens of MiB)
 _UNSEEN: Any = object()
 _COMMITLOG_NAME = re.compile(r"^\d{20}$")
@@ -81,24 +82,35 @@ class Summary:
 
 class _Stream:
     """One landing stream's files of this run, rotated every RECORDS_PER_FILE records; each written under a
-    hidden name, flushed to disk and then renamed, so ingest never reads half a file."""
+    hidden name, flushed to disk and then renamed, so ingest never reads half a file. Lines are written in
+    batches: one write call per line costs a tenth of the export."""
 
     def __init__(self, folder: Path, prefix: str, encode: Callable[[Sequence[Any]], str]) -> None:
         self.folder, self.prefix, self.encode = folder, prefix, encode
         self.part, self.count, self.total = 0, 0, 0
+        self.lines: list[str] = []
         self.handle: IO[str] | None = None
 
     def add(self, rec: tuple[Any, ...]) -> None:
+        lines = self.lines
+        lines.append(self.encode(rec))
+        if len(lines) >= _LINES_PER_WRITE:
+            self._write()
+
+    def _write(self) -> None:
         if self.handle is None:
             self.folder.mkdir(parents=True, exist_ok=True)
             self.handle = open(self._path(hidden=True), "w", encoding="utf-8")  # noqa: SIM115
-        self.handle.write(self.encode(rec) + "\n")
-        self.count += 1
+        self.handle.write("\n".join(self.lines) + "\n")
+        self.count += len(self.lines)
+        self.lines = []
         if self.count >= RECORDS_PER_FILE:
             self.close()
             log.info("  %d %s records", self.total, self.folder.name)
 
     def close(self) -> None:
+        if self.lines:
+            self._write()
         if self.handle is None:
             return
         self.handle.flush()
