@@ -90,7 +90,8 @@ Buffer = bytes | mmap.mmap  # both slice to bytes and have find()
 def properties(text: str) -> dict[str, str]:
     """`name 0x01 value 0x02` entries (reference §4.2); entries without a separator are ignored."""
     tokens = text.replace(NAME_VALUE, PROPERTY_SEP).split(PROPERTY_SEP)
-    if not tokens[-1] and text.count(NAME_VALUE) == len(tokens) // 2:  # well formed: name, value, name, ...
+    pairs_n = len(tokens) // 2
+    if not tokens[-1] and text.count(NAME_VALUE) == pairs_n == text.count(PROPERTY_SEP):  # name, value, ...
         pairs = iter(tokens)
         return dict(zip(pairs, pairs, strict=False))  # (the trailing empty token has no partner)
     entries = (entry.split(NAME_VALUE, 1) for entry in text.split(PROPERTY_SEP) if NAME_VALUE in entry)

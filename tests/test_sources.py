@@ -64,6 +64,7 @@ def test_both_magic_codes_ipv6_hosts_and_properties() -> None:
     assert (m1.topic, m1.store_timestamp, m1.born_timestamp, m1.body_size) == ("orders", 2_000, 1_000, 1)
     assert (m2.topic, m2.store_timestamp, m2.body_size, m2.position) == ("t" * 200, 2_000, 0, len(a))
     assert properties("A\x01a\x02junk\x02B\x01\x02\x01c\x02") == {"A": "a", "B": ""}
+    assert properties("A\x01a\x01b\x02") == {"A": "a\x01b"} and properties("") == {}
 
 
 def test_blank_record_ends_the_file_and_zeros_end_the_data() -> None:

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,14 +132,14 @@ class RocketMQ:
         logs = self.home("namesrv") / "logs" / "rocketmqlogs"
         return any("new broker registered" in p.read_text(errors="replace") for p in logs.glob("*.log"))
 
-    def _wait(self, ready: object, what: str) -> None:
+    def _wait(self, ready: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             for name, p in self.processes.items():
                 if p.poll() is not None:
                     tail = (self.home(name) / "console.log").read_text(errors="replace")[-2000:]
                     raise RuntimeError(f"the {name} exited with {p.returncode} while waiting for {what}:\n{tail}")
-            if ready():  # type: ignore[operator]
+            if ready():
                 return
             time.sleep(0.2)
         raise RuntimeError(f"timed out after {START_TIMEOUT_S} s waiting for {what}")
