@@ -37,7 +37,7 @@ def expected(t: dict[str, Any], check_max: int, check_interval_ms: int) -> Expec
     if resolved and last_open:
         found.add(("RECHECKED_AFTER_RESOLUTION", None))
     if t["local"] == "COMMIT" and discarded and answers:
-        # The discard follows the check_max-th check within a pass; the driver commits well after or before.
+        # The discard follows the check_max-th check in that pass or the next; the driver commits well after.
         after = t["local_at"] - t["checks"][-1]["at"]
         if after > 2 * check_interval_ms:
             found.add(("ORPHANED_COMMIT", "AFTER_DISCARD"))
