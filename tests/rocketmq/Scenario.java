@@ -47,7 +47,7 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  * GONE: sent by a producer group that exits at once; nobody is left to check, the broker discards it.
  * SLOW_NO_CHECKER: the local transaction commits after 3.5 s; the application answers every check UNKNOW.
  * IMMUNITY: CHECK_IMMUNITY_TIME_IN_SECONDS=10, commits after 3.5 s; the broker's immunity copies stay open.
- * LATE_COMMIT: the local transaction outlives the discard (it waits for CHECK_MAX checks, then 2.5 intervals).
+ * LATE_COMMIT: the local transaction outlives the discard (it waits for CHECK_MAX checks, then 4 intervals).
  * YOUNG: UNKNOW, sent just before the store is read: still pending.
  */
 public final class Scenario {
@@ -105,7 +105,7 @@ public final class Scenario {
                         while (checkCount(t) < checkMax) {
                             Thread.sleep(100);
                         }
-                        Thread.sleep(checkIntervalMs * 5 / 2);
+                        Thread.sleep(checkIntervalMs * 4);
                         return local(t, decide(t, LocalTransactionState.COMMIT_MESSAGE));
                     default: return local(t, LocalTransactionState.UNKNOW);
                 }

@@ -37,9 +37,10 @@ def expected(t: dict[str, Any], check_max: int, check_interval_ms: int) -> Expec
     if resolved and last_open:
         found.add(("RECHECKED_AFTER_RESOLUTION", None))
     if t["local"] == "COMMIT" and discarded and answers:
-        # The discard follows the check_max-th check in that pass or the next; the driver commits well after.
+        # The discard follows the check_max-th check in that pass or a later one; the driver commits 4 check
+        # intervals after it, which leaves a slow machine a pass or two of margin.
         after = t["local_at"] - t["checks"][-1]["at"]
-        if after > 2 * check_interval_ms:
+        if after > 3 * check_interval_ms:
             found.add(("ORPHANED_COMMIT", "AFTER_DISCARD"))
         elif after > 0:
             raise AssertionError(f"{t['uniq_key']}: committed {after} ms after its last check: too close to call")
