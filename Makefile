@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: setup jars rocketmq browser airflow package lint test run bench bench-sim bench-ingest bench-reconcile \
-	bench-export clean
+	bench-export bench-collect clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -89,6 +89,10 @@ bench-reconcile: setup
 bench-export: setup
 	mkdir -p landing
 	$(BIN)/python -m tests.bench.bench_export
+
+# Collect throughput and memory from a real broker on loopback (the RocketMQ jars of `make rocketmq`).
+bench-collect: setup rocketmq
+	$(BIN)/python -m tests.bench.bench_collect
 
 clean:
 	rm -rf warehouse landing .pytest_cache .mypy_cache .ruff_cache

@@ -9,13 +9,13 @@ this one wrote it), rerun later; 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from jobs import export_store, ingest, pipeline, quality, reconcile, report, score, simulate, spark_conf, sql
 from jobs.config import ENVIRONMENTS, load_config
 from jobs.errors import TxnReconError
 from jobs.lock import LockedError
@@ -25,30 +25,32 @@ EXIT_BUSY = 4
 # Delta's conflict errors: its error classes and its exception names.
 CONCURRENT = re.compile(r"\b(DELTA_CONCURRENT_\w+|Concurrent\w*Exception|(Protocol|Metadata)ChangedException)")
 
-Job = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace, Any], int], str]
+# name -> (module under jobs/, its add_arguments and run functions, one-line help). A module is imported
+# only for the command that runs: Great Expectations alone takes seconds to import, and the jobs that
+# read brokers need no Spark at all.
+JOBS: dict[str, tuple[str, str, str, str]] = {
+    "simulate": ("simulate", "add_arguments", "run", "run the broker model: landing folders and truth (no Spark)"),
+    "export-store": ("export_store", "add_arguments", "run",
+                     "a RocketMQ broker's store folder into landing files (no Spark)"),
+    "collect": ("collect", "add_arguments", "run", "a live RocketMQ cluster into landing files (no Spark)"),
+    "ingest": ("ingest", "add_arguments", "run", "land new landing files in the bronze Delta tables"),
+    "reconcile": ("reconcile", "add_arguments", "run", "transaction lifecycles and anomalies as of a data time"),
+    "quality": ("quality", "add_arguments", "run", "Great Expectations suites on the tables; dq_results, Data Docs"),
+    "report": ("report", "add_arguments", "run", "the dashboard: one self-contained HTML page from the tables"),
+    "score": ("score", "add_arguments", "run", "precision and recall of the anomalies against the model's truth"),
+    "run": ("pipeline", "add_run_arguments", "run_pipeline",
+            "the pipeline on a landing folder: ingest, reconcile, quality, report"),
+    "demo": ("pipeline", "add_demo_arguments", "demo", "simulate the default profile, run the pipeline, score"),
+    "sql": ("sql", "add_arguments", "run", "run one Spark SQL statement against the warehouse catalog"),
+    "spark-conf": ("spark_conf", "add_arguments", "run", "write spark-defaults.conf for spark-sql / spark-submit"),
+}  # fmt: skip
 
-# name -> (add_arguments(parser), run(args, config) -> exit code, one-line help)
-JOBS: dict[str, Job] = {
-    "simulate": (simulate.add_arguments, simulate.run, "run the broker model: landing folders and truth (no Spark)"),
-    "export-store": (
-        export_store.add_arguments,
-        export_store.run,
-        "a RocketMQ broker's store folder into landing files (no Spark)",
-    ),
-    "ingest": (ingest.add_arguments, ingest.run, "land new landing files in the bronze Delta tables"),
-    "reconcile": (reconcile.add_arguments, reconcile.run, "transaction lifecycles and anomalies as of a data time"),
-    "quality": (quality.add_arguments, quality.run, "Great Expectations suites on the tables; dq_results, Data Docs"),
-    "report": (report.add_arguments, report.run, "the dashboard: one self-contained HTML page from the tables"),
-    "score": (score.add_arguments, score.run, "precision and recall of the anomalies against the model's truth"),
-    "run": (
-        pipeline.add_run_arguments,
-        pipeline.run_pipeline,
-        "the pipeline on a landing folder: ingest, reconcile, quality, report",
-    ),
-    "demo": (pipeline.add_demo_arguments, pipeline.demo, "simulate the default profile, run the pipeline, score"),
-    "sql": (sql.add_arguments, sql.run, "run one Spark SQL statement against the warehouse catalog"),
-    "spark-conf": (spark_conf.add_arguments, spark_conf.run, "write spark-defaults.conf for spark-sql / spark-submit"),
-}
+
+def job(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace, Any], int]]:
+    """A command's add_arguments(parser) and run(args, config) -> exit code."""
+    module_name, add_arguments, run, _ = JOBS[name]
+    module = importlib.import_module(f"jobs.{module_name}")
+    return getattr(module, add_arguments), getattr(module, run)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,17 +58,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI; given the command about to run, only that command's module is imported."""
     parser = _Parser(prog="txn-recon", description="Reconciliation of RocketMQ transactional messaging.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-    for name, (add_arguments, run, help_text) in JOBS.items():
+    for name, (_, _, _, help_text) in JOBS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--conf", metavar="FILE", help="YAML settings layered over conf/base.yaml")
         p.add_argument("--env", choices=ENVIRONMENTS, help="environment file under conf/ (default: local)")
         p.add_argument("--warehouse", metavar="DIR", help="warehouse folder (overrides the configured one)")
         p.add_argument("--debug", action="store_true", help="show the full traceback of an unexpected error")
-        add_arguments(p)
-        p.set_defaults(run=run)
+        if command in (None, name):
+            add_arguments, run = job(name)
+            add_arguments(p)
+            p.set_defaults(run=run)
     return parser
 
 
@@ -81,7 +86,9 @@ def configure_logging() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in JOBS else None).parse_args(argv)
     configure_logging()
     prog = f"txn-recon {args.command}"
     try:

@@ -87,6 +87,25 @@ class QualitySettings:
 
 
 @dataclass(frozen=True)
+class CollectSettings:
+    """`txn-recon collect`: how it reads a live cluster (the access key and secret may also come from the
+    environment, TXN_RECON_ACCESS_KEY and TXN_RECON_SECRET_KEY, which win)."""
+
+    group: str  # the consumer group it pulls with; it never commits an offset through it
+    topics: tuple[str, ...]  # business topics to read; none: every business topic of every broker
+    timeout_s: int  # every network call
+    access_key: str | None
+    secret_key: str | None
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[%|a-zA-Z0-9_-]{1,255}", self.group) or self.group.startswith("CID_RMQ_SYS_"):
+            raise ConfigError(f"collect.group: {self.group!r} is not a consumer group of our own (letters, digits, "
+                              f"'_', '-'; not a broker group such as CID_RMQ_SYS_TRANS)")  # fmt: skip
+        if (self.access_key is None) != (self.secret_key is None):
+            raise ConfigError("collect.access_key and collect.secret_key: give both or neither")
+
+
+@dataclass(frozen=True)
 class Config:
     warehouse: str  # a local folder (made absolute) or a URI such as s3a://bucket/path
     database: str
@@ -95,6 +114,7 @@ class Config:
     thresholds: Thresholds
     ingest: IngestSettings
     quality: QualitySettings
+    collect: CollectSettings
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.database):

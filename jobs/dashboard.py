@@ -90,7 +90,8 @@ def render(data: dict[str, Any]) -> str:
         _section("Run history", "runs",
                  _table("dq-runs", data["dq_runs"], title="Quality runs")
                  + _table("ingest-runs", data["ingest_runs"], title="Ingest runs")
-                 + _table("reconcile-runs", data["reconcile_runs"], title="Reconcile runs")),
+                 + _table("reconcile-runs", data["reconcile_runs"], title="Reconcile runs")
+                 + _table("collect-runs", data.get("collect_runs", []), title="Collect passes (txn-recon collect)")),
     ]  # fmt: skip
     as_of_text = (
         "n/a" if as_of is None else f"{dt.datetime.fromtimestamp(as_of / 1000, dt.UTC):%Y-%m-%d %H:%M:%S} UTC ({as_of})"

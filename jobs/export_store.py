@@ -11,34 +11,28 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import mmap
-import os
 import re
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from jobs.config import Config
 from jobs.errors import TxnReconError
+from jobs.landing_files import ENCODE, Stream, read_state, write_state
 from jobs.lock import folder_lock
-from schemas import LANDING
-from schemas.jsonl import line_encoder
 from sources import offsets as offset_file
 from sources.commitlog import Corrupt, DataEnd, FileEnd, Message, scan
 from sources.records import OP_TOPIC, RECORD, stream_of
 
 log = logging.getLogger(__name__)
-RECORDS_PER_FILE = 500_000
-_LINES_PER_WRITE = 1000
 _RELEASE_EVERY = 50_000  # messages between two releases of the pages read (tens of MiB)
 _UNSEEN: Any = object()
 _COMMITLOG_NAME = re.compile(r"^\d{20}$")
-_ENCODE = {name: line_encoder(schema) for name, schema in LANDING.items()}
 _KEEP_BODY = frozenset({OP_TOPIC})
 
 
@@ -57,18 +51,13 @@ class State:
 
     @classmethod
     def load(cls, path: Path) -> State:
-        if not path.exists():
-            return cls()
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+        def build(doc: Any) -> State:
             return cls(int(doc["position"]), {(g, t, int(q)): int(o) for g, t, q, o in doc["offsets"]})
-        except (ValueError, KeyError, TypeError) as e:
-            raise TxnReconError(f"{path} is not an export-store state file ({type(e).__name__}: {e}); "
-                                f"move it away to export the store from its start") from None  # fmt: skip
+
+        return read_state(path, build, "an export-store state file", "to export the store from its start") or cls()
 
     def save(self, path: Path) -> None:
-        doc = {"position": self.position, "offsets": [[*k, v] for k, v in sorted(self.offsets.items())]}
-        _durable_write(path, json.dumps(doc, indent=1) + "\n")
+        write_state(path, {"position": self.position, "offsets": [[*k, v] for k, v in sorted(self.offsets.items())]})
 
 
 @dataclass
@@ -78,60 +67,6 @@ class Summary:
     corrupt: int = 0
     offsets: int = 0
     offsets_skipped: int = 0
-
-
-class _Stream:
-    """One landing stream's files of this run, rotated every RECORDS_PER_FILE records; each written under a
-    hidden name, flushed to disk and then renamed, so ingest never reads half a file. Lines are written in
-    batches: one write call per line costs a tenth of the export."""
-
-    def __init__(self, folder: Path, prefix: str, encode: Callable[[Sequence[Any]], str]) -> None:
-        self.folder, self.prefix, self.encode = folder, prefix, encode
-        self.part, self.count, self.total = 0, 0, 0
-        self.lines: list[str] = []
-        self.handle: IO[str] | None = None
-
-    def add(self, rec: tuple[Any, ...]) -> None:
-        lines = self.lines
-        lines.append(self.encode(rec))
-        if len(lines) >= _LINES_PER_WRITE:
-            self._write()
-
-    def _write(self) -> None:
-        if self.handle is None:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            self.handle = open(self._path(hidden=True), "w", encoding="utf-8")  # noqa: SIM115
-        self.handle.write("\n".join(self.lines) + "\n")
-        self.count += len(self.lines)
-        self.lines = []
-        if self.count >= RECORDS_PER_FILE:
-            self.close()
-            log.info("  %d %s records", self.total, self.folder.name)
-
-    def close(self) -> None:
-        if self.lines:
-            self._write()
-        if self.handle is None:
-            return
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
-        self.handle.close()
-        os.replace(self._path(hidden=True), self._path(hidden=False))
-        self.handle, self.part, self.total, self.count = None, self.part + 1, self.total + self.count, 0
-
-    def _path(self, hidden: bool) -> Path:
-        name = f"{self.prefix}-{self.part:05d}.jsonl"
-        return self.folder / (f".{name}.tmp" if hidden else name)
-
-
-def _durable_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def commitlog_files(folder: Path) -> list[tuple[int, Path]]:
@@ -209,9 +144,9 @@ def _export_commitlog(store: Path, landing: Path, broker: str, state: State, sum
     except OSError as e:
         raise TxnReconError(f"cannot read the commit log folder {folder}: {e.strerror}") from None
     prefix = f"store-{broker}-{state.position:020d}"
-    streams = {name: _Stream(landing / name, prefix, _ENCODE[name]) for name in RECORD}
+    streams = {name: Stream(landing / name, prefix, ENCODE[name]) for name in RECORD}
     # Per topic: how its messages become records and the stream they go to (None: skipped).
-    routes: dict[str, tuple[Callable[[str, Message], tuple[Any, ...]], _Stream] | None] = {}
+    routes: dict[str, tuple[Callable[[str, Message], tuple[Any, ...]], Stream] | None] = {}
     stop = Stop(state.position)
     try:
         for item in _messages(files, state.position, summary):
@@ -258,7 +193,7 @@ def _export_offsets(store: Path, landing: Path, broker: str, state: State, summa
         return
     table, mtime_ms = read
     current, summary.offsets_skipped = offset_file.business_offsets(table)
-    stream = _Stream(landing / "offset", f"store-{broker}-{mtime_ms}", _ENCODE["offset"])
+    stream = Stream(landing / "offset", f"store-{broker}-{mtime_ms}", ENCODE["offset"])
     for key in offset_file.changed(state.offsets, current):
         stream.add(offset_file.offset_record(broker, key, current[key], mtime_ms))
         summary.offsets += 1

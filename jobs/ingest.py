@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import logging
 import secrets
 import sys
@@ -19,6 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -29,7 +31,7 @@ from jobs.errors import TxnReconError, first_line
 from jobs.lock import warehouse_lock
 from jobs.session import build_session
 from schemas import LANDING
-from schemas.bronze import BRONZE, CLUSTER_BY, INGEST_FILES, INGEST_RUNS, QUARANTINE, STATS_COLUMNS
+from schemas.bronze import BRONZE, CLUSTER_BY, COLLECT_RUNS, INGEST_FILES, INGEST_RUNS, QUARANTINE, STATS_COLUMNS
 from schemas.spark import to_struct
 from transforms.frames import union_all
 from transforms.landing import (
@@ -45,6 +47,7 @@ from transforms.landing import (
 
 log = logging.getLogger(__name__)
 
+COLLECT_RUNS_DIR = Path("_collect") / "runs"  # where `txn-recon collect` leaves its accounting rows
 JSON_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 PARQUET_SUFFIXES = (".parquet",)
 SMALL_BATCH_BYTES = 64 * 1024 * 1024  # up to about a million keys to broadcast (Parquet; fewer as JSON)
@@ -88,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def validate_landing(landing: Path) -> None:
     if not landing.is_dir():
         raise TxnReconError(f"--landing {landing} is not a folder")
-    if not any((landing / s).is_dir() for s in LANDING):
+    if not any((landing / s).is_dir() for s in LANDING) and not (landing / COLLECT_RUNS_DIR).is_dir():
         raise TxnReconError(f"--landing {landing} has none of the stream folders {', '.join(LANDING)}")
 
 
@@ -118,6 +121,7 @@ def ingest_landing(
     seen = seen_files(spark, config)
     tallies = {s: ingest_stream(spark, config, landing / s, s, run_id, ingested_at, seen) for s in streams}
     record_run(spark, config, run_id, tallies)
+    land_collect_runs(spark, config, landing / COLLECT_RUNS_DIR)
     return tallies
 
 
@@ -309,6 +313,31 @@ def record_run(spark: SparkSession, config: Config, run_id: str, tallies: dict[s
     spark.createDataFrame(rows, to_struct(INGEST_RUNS)).write.format("delta").mode("append").saveAsTable(
         config.table(INGEST_RUNS.name)
     )
+
+
+def land_collect_runs(spark: SparkSession, config: Config, folder: Path) -> int:
+    """`txn-recon collect`'s accounting rows not landed yet (its runs are few: their ids are compared whole)."""
+    if not folder.is_dir():
+        return 0
+    table = create_table(spark, config, COLLECT_RUNS)
+    known = {r["run_id"] for r in spark.table(table).select("run_id").distinct().collect()}
+    rows = []
+    for path in sorted(folder.glob("*.jsonl")):
+        if path.stem in known:
+            continue
+        try:
+            docs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+            rows += [tuple(_collect_value(doc[f.name], f.type) for f in COLLECT_RUNS.fields) for doc in docs]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise TxnReconError(f"{path} is not a collect run file ({type(e).__name__}: {e}); move it away") from None
+    if rows:
+        spark.createDataFrame(rows, to_struct(COLLECT_RUNS)).write.format("delta").mode("append").saveAsTable(table)
+        log.info("collect_runs: %d rows landed", len(rows))
+    return len(rows)
+
+
+def _collect_value(value: Any, kind: str) -> Any:
+    return dt.datetime.fromisoformat(value) if kind == "timestamp" and value is not None else value
 
 
 def summary(run_id: str, tallies: dict[str, Tally]) -> str:

@@ -69,7 +69,7 @@ def write_page(path: Path, data: dict[str, Any]) -> Path:
 
 def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
     """Everything the dashboard shows, as plain Python values."""
-    names = ("txn_lifecycle", "anomalies", "dq_results", "ingest_runs", "reconcile_runs")
+    names = ("txn_lifecycle", "anomalies", "dq_results", "ingest_runs", "reconcile_runs", "collect_runs")
     t = {n: spark.table(config.table(n)) for n in names if spark.catalog.tableExists(config.table(n))}
     if "txn_lifecycle" not in t or "anomalies" not in t:
         raise TxnReconError("no reconciled tables yet; run `txn-recon reconcile` (or `txn-recon run`) first")
@@ -96,6 +96,7 @@ def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
     data["dq_latest"], data["dq_runs"] = _quality(t.get("dq_results"))
     data["ingest_runs"] = _ingest_runs(t.get("ingest_runs"))
     data["reconcile_runs"] = _reconcile_runs(t.get("reconcile_runs"))
+    data["collect_runs"] = _collect_runs(t.get("collect_runs"))
     return data
 
 
@@ -237,6 +238,17 @@ def _reconcile_runs(runs: DataFrame | None) -> list[dict[str, Any]]:
     latest = runs.orderBy(F.desc("finished_at")).limit(50)
     columns = ["finished_at", "mode", "reason", "as_of", "transactions", "queues"]
     return [r.asDict() for r in latest.select(*columns, seconds.alias("seconds")).collect()]
+
+
+def _collect_runs(runs: DataFrame | None) -> list[dict[str, Any]]:
+    """The latest collect passes per broker: what each read, the check service's backlog, and errors."""
+    if runs is None:
+        return []
+    columns = ["finished_at", "broker_name", "status", "half", "op", "real", "discarded", "offset_records",
+               "check_backlog", "op_backlog"]  # fmt: skip
+    latest = runs.orderBy(F.desc("finished_at"), "broker_name").limit(50)
+    errors = F.array_join("errors", "; ").alias("errors")
+    return [r.asDict() for r in latest.select(*columns, errors).collect()]
 
 
 if __name__ == "__main__":

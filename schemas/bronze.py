@@ -79,3 +79,24 @@ INGEST_FILES = Schema(
     ),
     key=("stream", "path", "size", "modified_ms"),
 )
+
+COLLECT_RUNS = Schema(
+    "collect_runs",
+    (
+        Field("run_id", "string", doc="one pass of `txn-recon collect` over the cluster"),
+        Field("broker_name", "string", nullable=True, doc="null: the name servers did not answer"),
+        Field("address", "string", nullable=True),
+        Field("started_at", "timestamp"),
+        Field("finished_at", "timestamp"),
+        Field("status", "string", doc="ok; partial (read, then an error); failed (nothing read)"),
+        Field("half", "long", doc="half records written"),
+        Field("op", "long"),
+        Field("real", "long", doc="final and discarded messages"),
+        Field("discarded", "long", doc="of which from TRANS_CHECK_MAX_TIME_TOPIC"),
+        Field("offset_records", "long", doc="queues whose committed offset changed since the last snapshot"),
+        Field("check_backlog", "long", nullable=True, doc="half messages the check service has not passed"),
+        Field("op_backlog", "long", nullable=True, doc="op messages the check service has not read"),
+        Field("errors", "strings", doc="one line each"),
+    ),
+    key=("run_id", "broker_name"),
+)

@@ -8,11 +8,10 @@ holds what is not a business consumer's offset: the check service's own progress
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
+from sources.fastjson import loads
 from sources.records import is_business_topic
 
 QueueKey = tuple[str, str, int]  # consumer group, topic, queue id
@@ -20,7 +19,6 @@ QueueKey = tuple[str, str, int]  # consumer group, topic, queue id
 SYSTEM_GROUPS = frozenset({"DEFAULT_CONSUMER", "TOOLS_CONSUMER", "SCHEDULE_CONSUMER", "FILTERSRV_CONSUMER",
                            "__MONITOR_CONSUMER", "SELF_TEST_C_GROUP", "CID_ONS-HTTP-PROXY", "CID_ONSAPI_PERMISSION",
                            "CID_ONSAPI_OWNER", "CID_ONSAPI_PULL"})  # fmt: skip
-_BARE_KEY = re.compile(r"([{,]\s*)(-?\d+)(\s*:)")
 
 
 class OffsetFileError(ValueError):
@@ -30,7 +28,7 @@ class OffsetFileError(ValueError):
 def parse(text: str) -> dict[str, dict[int, int]]:
     """The `offsetTable`: "topic@group" -> {queue id: offset}."""
     try:
-        doc = json.loads(_BARE_KEY.sub(r'\1"\2"\3', text))
+        doc = loads(text)
         table = doc["offsetTable"]
         return {key: {int(q): int(o) for q, o in queues.items()} for key, queues in table.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -62,7 +60,9 @@ def changed(previous: Mapping[QueueKey, int], current: Mapping[QueueKey, int]) -
     return sorted(k for k, v in current.items() if previous.get(k) != v)
 
 
-def offset_record(broker: str, key: QueueKey, offset: int, commit_timestamp: int) -> tuple[Any, ...]:
-    """A snapshot's offset record: the commit time is the file's, the client unknown, no sequence."""
+def offset_record(broker: str, key: QueueKey, offset: int, commit_timestamp: int,
+                  seq: int | None = None) -> tuple[Any, ...]:  # fmt: skip
+    """A snapshot's offset record: the commit time is the snapshot's, the client unknown; `seq` numbers
+    the snapshots of a collector (a file's modification time orders export-store's)."""
     group, topic, queue_id = key
-    return (broker, group, topic, queue_id, offset, commit_timestamp, None, None)
+    return (broker, group, topic, queue_id, offset, commit_timestamp, None, seq)

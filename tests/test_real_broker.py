@@ -1,10 +1,13 @@
-"""A real RocketMQ 5.3.3 broker, driven by the official Java client, read back through export-store, ingest
-and reconcile: every lifecycle state and anomaly must match what the scenario driver did and saw.
+"""A real RocketMQ 5.3.3 broker, driven by the official Java client, read back two ways, through export-store
+and through a live `txn-recon collect`, then ingest and reconcile: every lifecycle state and anomaly must
+match what the scenario driver did and saw, and the two ways must land the same bronze rows.
 
 One module fixture runs the scenario once (about a minute of broker time): the transaction fates and a
 two-member consumer group, an export of the live store, an admin reset of the group's offsets back to
 the start with the group offline, young halves, then SIGKILL (the store stays as it is) and two more
-exports, the last of which must find nothing new.
+exports, the last of which must find nothing new. A collector runs every second all along. It sees the
+broker go, and, once the broker is started again on the same store (with its check service idle, so the
+store stays as exported), reads the rest.
 """
 
 from __future__ import annotations
@@ -13,8 +16,12 @@ import contextlib
 import dataclasses
 import io
 import json
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +32,10 @@ from pyspark.sql import SparkSession
 from jobs.cli import main
 from jobs.config import Config
 from jobs.reconcile import reconcile
+from jobs.report import _collect_runs as report_collect_runs
 from tests.rocketmq.cluster import BrokerSettings, RocketMQ, compile_driver, run_driver
 from tests.rocketmq.truth import expected
-from tests.test_ingest import fresh_db, ingest, landed
+from tests.test_ingest import fresh_db, ingest, landed, rows
 
 pytestmark = pytest.mark.spark
 SETTINGS = BrokerSettings()
@@ -39,6 +47,27 @@ class Scenario:
     landing: Path
     exports: list[str]  # each export-store run's summary line
     broker: RocketMQ
+    live: Path  # what the collector landed
+    collector_log: str
+
+
+def start_collector(namesrv: str, landing: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "jobs.collect", "--namesrv", namesrv, "--landing", str(landing), *args]
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_for(ready: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def collect_runs(landing: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for f in sorted((landing / "_collect" / "runs").glob("*.jsonl"))
+            for line in f.read_text().splitlines()]  # fmt: skip
 
 
 def export(store: Path, landing: Path, broker_name: str) -> str:
@@ -54,20 +83,38 @@ def export(store: Path, landing: Path, broker_name: str) -> str:
 def scenario(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
     root = tmp_path_factory.mktemp("rocketmq")
     classes = compile_driver(root / "classes")
-    truth, landing = root / "truth.jsonl", root / "landing"
+    truth, landing, live, log = root / "truth.jsonl", root / "landing", root / "live", root / "collector.log"
     with RocketMQ(root, SETTINGS) as rmq:
-        started = int(time.time() * 1000)
-        run_driver(classes, "txn", rmq.namesrv, truth, str(SETTINGS.check_max), str(SETTINGS.check_interval_ms),
-                   home=root / "client")  # fmt: skip
-        time.sleep(2)  # the broker writes consumerOffset.json every second
-        exports = [export(rmq.store, landing, rmq.broker_name)]
-        run_driver(classes, "reset", rmq.namesrv, truth, str(started), home=root / "client")
-        time.sleep(2)
-        run_driver(classes, "young", rmq.namesrv, truth, home=root / "client")
-        rmq.kill_broker()
-        exports += [export(rmq.store, landing, rmq.broker_name), export(rmq.store, landing, rmq.broker_name)]
+        collector = start_collector(rmq.namesrv, live, log, "--every", "1")
+        try:
+            started = int(time.time() * 1000)
+            run_driver(classes, "txn", rmq.namesrv, truth, str(SETTINGS.check_max), str(SETTINGS.check_interval_ms),
+                       home=root / "client")  # fmt: skip
+            time.sleep(2)  # the broker writes consumerOffset.json every second
+            exports = [export(rmq.store, landing, rmq.broker_name)]
+            run_driver(classes, "reset", rmq.namesrv, truth, str(started), home=root / "client")
+            time.sleep(2)
+            run_driver(classes, "young", rmq.namesrv, truth, home=root / "client")
+            rmq.kill_broker()
+            exports += [export(rmq.store, landing, rmq.broker_name), export(rmq.store, landing, rmq.broker_name)]
+            wait_for(lambda: "has no master registered" in log.read_text(), "the collector to miss the broker")
+            rmq.settings = dataclasses.replace(SETTINGS, check_interval_ms=3_600_000)  # no check: the store stays
+            restarted = dt_now()
+            rmq.start_broker()
+            wait_for(lambda: any(r["status"] == "ok" and r["started_at"] > restarted for r in collect_runs(live)),
+                     "a whole collect pass after the restart")  # fmt: skip
+            assert collector.poll() is None, "the collector must carry on when its broker goes"
+        finally:
+            collector.send_signal(signal.SIGTERM)
+            collector.wait(30)
     lines = [json.loads(line) for line in truth.read_text().splitlines()]
-    return Scenario(lines, landing, exports, rmq)
+    return Scenario(lines, landing, exports, rmq, live, log.read_text())
+
+
+def dt_now() -> str:
+    """The time as collect_runs rows write it (UTC, milliseconds)."""
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}"
 
 
 def test_scenario_played_every_fate(scenario: Scenario) -> None:
@@ -92,14 +139,55 @@ def test_export_is_incremental_and_misses_nothing(scenario: Scenario, tmp_path: 
     assert len(files) > 2, "the scenario should span several commit-log files"
 
 
-def test_pipeline_matches_what_the_broker_did(spark: SparkSession, config: Config, scenario: Scenario) -> None:
+@pytest.fixture(scope="module")
+def warehouses(spark: SparkSession, config: Config, scenario: Scenario) -> dict[str, Config]:
+    """Each landing (export-store's, the collector's) ingested and reconciled in a database of its own."""
     broker = dataclasses.replace(config.broker, transaction_timeout_ms=SETTINGS.transaction_timeout_ms,
                                  check_interval_ms=SETTINGS.check_interval_ms, check_max=SETTINGS.check_max,
                                  op_batch_interval_ms=SETTINGS.op_batch_interval_ms)  # fmt: skip
-    cfg = dataclasses.replace(fresh_db(spark, config, "t_real_broker"), broker=broker)
-    tallies = ingest(spark, cfg, scenario.landing, "real-broker")
-    assert all(t.quarantined == 0 for t in tallies.values()), tallies
-    reconcile(spark, cfg)
+    out = {}
+    for way, landing in (("export", scenario.landing), ("live", scenario.live)):
+        cfg = dataclasses.replace(fresh_db(spark, config, f"t_real_broker_{way}"), broker=broker)
+        tallies = ingest(spark, cfg, landing, f"real-broker-{way}")
+        assert all(t.quarantined == 0 for t in tallies.values()), (way, tallies)
+        reconcile(spark, cfg)
+        out[way] = cfg
+    return out
+
+
+def test_collector_reported_the_broker_restart(scenario: Scenario) -> None:
+    runs = collect_runs(scenario.live)
+    statuses = [r["status"] for r in runs if r["broker_name"] == scenario.broker.broker_name]
+    assert statuses[0] == "ok" and statuses[-1] == "ok" and "failed" in statuses, statuses
+    assert sum(r["half"] for r in runs) > 0 and sum(r["offset_records"] for r in runs) > 0
+    assert "Traceback" not in scenario.collector_log
+    # It commits nothing: its group never shows in the broker's offset table.
+    offsets = (scenario.broker.store / "config" / "consumerOffset.json").read_text()
+    assert "CG_RECON" in offsets and "txn_recon_collector" not in offsets
+
+
+def test_live_collection_lands_what_export_store_lands(spark: SparkSession, scenario: Scenario,
+                                                       warehouses: dict[str, Config]) -> None:  # fmt: skip
+    for stream in ("half", "op", "real"):
+        exported, live = (rows(spark, warehouses[way], stream) for way in ("export", "live"))
+        assert exported and live == exported, stream
+    # Offsets: the same last committed offset of every queue (their commit times are each reader's own).
+    last = {way: {(r["consumer_group"], r["topic"], r["queue_id"]): r["offset"]
+                  for r in sorted(rows(spark, cfg, "offset"), key=lambda r: (r["commit_timestamp"], r.get("seq") or 0))}
+            for way, cfg in warehouses.items()}  # fmt: skip
+    assert last["live"] == last["export"] and last["live"]
+    landed_runs = spark.table(warehouses["live"].table("collect_runs"))
+    assert landed_runs.count() == len(collect_runs(scenario.live))
+    # The dashboard's run history: the last pass read the broker and knows the check service's backlog.
+    latest = report_collect_runs(landed_runs)
+    assert latest[0]["status"] == "ok" and latest[0]["check_backlog"] is not None, latest[0]
+    assert any(r["status"] == "failed" and "no master registered" in r["errors"] for r in latest)
+
+
+@pytest.mark.parametrize("way", ["export", "live"])
+def test_pipeline_matches_what_the_broker_did(spark: SparkSession, scenario: Scenario,
+                                              warehouses: dict[str, Config], way: str) -> None:  # fmt: skip
+    cfg = warehouses[way]
 
     txns = [t for t in scenario.truth if t["kind"] == "txn"]
     want = {t["uniq_key"]: expected(t, SETTINGS.check_max, SETTINGS.check_interval_ms) for t in txns}

@@ -49,7 +49,7 @@ def test_the_crontab_lines_are_valid_commands() -> None:
     """Every schedule line (also the commented cluster one) is five cron fields and a txn-recon command
     that our own parser accepts: `txn-recon JOB ...` or `spark-submit ... jobs/<module>.py ...`."""
     lines = [line for line in (SCHEDULE / "crontab").read_text().splitlines() if re.match(r"^(# )?[0-9*]", line)]
-    assert len(lines) == 3
+    assert len(lines) == 4
     for line in lines:
         fields = line.removeprefix("# ").split(None, 5)
         assert all(re.fullmatch(r"[0-9*/,\-]+", f) for f in fields[:5]), line

@@ -11,9 +11,12 @@ import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 
+import org.apache.rocketmq.acl.common.AclClientRPCHook;
+import org.apache.rocketmq.acl.common.SessionCredentials;
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
 import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
+import org.apache.rocketmq.client.producer.DefaultMQProducer;
 import org.apache.rocketmq.client.producer.LocalTransactionState;
 import org.apache.rocketmq.client.producer.TransactionListener;
 import org.apache.rocketmq.client.producer.TransactionMQProducer;
@@ -23,6 +26,7 @@ import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
 import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageExt;
 import org.apache.rocketmq.common.message.MessageQueue;
+import org.apache.rocketmq.remoting.RPCHook;
 import org.apache.rocketmq.remoting.protocol.admin.ConsumeStats;
 import org.apache.rocketmq.remoting.protocol.admin.OffsetWrapper;
 import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
@@ -36,7 +40,10 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  * java Scenario txn   NAMESRV OUT CHECK_MAX CHECK_INTERVAL_MS   transactions, checks, a two-member consumer group
  * java Scenario reset NAMESRV OUT TIMESTAMP_MS                  the group offline, its offsets reset back in time
  * java Scenario young NAMESRV OUT                               halves still pending when the store is read
+ * java Scenario bulk  NAMESRV OUT COUNT                         COUNT plain messages to BulkTopic, in batches
  * </pre>
+ *
+ * With -Dacl.accessKey=... -Dacl.secretKey=... every client signs its requests (AclClientRPCHook).
  *
  * Fates (the message key is FATE-n; the listener answers by fate, the way the application it stands for would):
  * COMMIT, ROLLBACK: decided at once; a check answers from the decision (a check that beats the batched op
@@ -186,7 +193,7 @@ public final class Scenario {
     }
 
     static TransactionMQProducer producer(String namesrv, String group, String member) throws Exception {
-        TransactionMQProducer p = new TransactionMQProducer(group);
+        TransactionMQProducer p = new TransactionMQProducer(group, aclHook());
         p.setNamesrvAddr(namesrv);
         p.setInstanceName(member);
         p.setTransactionListener(new App(member));
@@ -290,6 +297,30 @@ public final class Scenario {
         return seen.values().stream().mapToInt(Integer::intValue).sum();
     }
 
+    static RPCHook aclHook() {
+        String key = System.getProperty("acl.accessKey");
+        return key == null ? null : new AclClientRPCHook(new SessionCredentials(key, System.getProperty("acl.secretKey")));
+    }
+
+    static void bulk(String namesrv, PrintWriter out, int count) throws Exception {
+        DefaultMQProducer p = new DefaultMQProducer("PG_BULK", aclHook());
+        p.setNamesrvAddr(namesrv);
+        p.setInstanceName("bulk");
+        p.setDefaultTopicQueueNums(4);
+        p.start();
+        byte[] body = new byte[200];
+        int sent = 0;
+        while (sent < count) {
+            List<Message> batch = new ArrayList<>();
+            for (int i = 0; i < 100 && sent < count; i++, sent++) {
+                batch.add(new Message("BulkTopic", "bulk", "BULK-" + sent, body));
+            }
+            p.send(batch);
+        }
+        out.println("{\"kind\":\"bulk\",\"messages\":" + sent + "}");
+        p.shutdown();
+    }
+
     static DefaultMQAdminExt admin(String namesrv) throws Exception {
         DefaultMQAdminExt admin = new DefaultMQAdminExt();
         admin.setNamesrvAddr(namesrv);
@@ -344,6 +375,9 @@ public final class Scenario {
                     break;
                 case "young":
                     young(args[1], out);
+                    break;
+                case "bulk":
+                    bulk(args[1], out, Integer.parseInt(args[3]));
                     break;
                 default:
                     throw new IOException("unknown phase " + args[0]);

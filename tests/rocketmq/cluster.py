@@ -84,6 +84,7 @@ class RocketMQ:
     broker_name: str = "broker-a"
     namesrv_port: int = field(default_factory=free_port)
     broker_port: int = field(default_factory=free_broker_port)
+    acl: tuple[str, str] | None = None  # an access key and secret: the broker authenticates every request
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -117,20 +118,48 @@ class RocketMQ:
             f"transactionCheckInterval={s.check_interval_ms}", f"transactionTimeOut={s.transaction_timeout_ms}",
             f"transactionCheckMax={s.check_max}", f"transactionOpBatchInterval={s.op_batch_interval_ms}",
             "flushConsumerOffsetInterval=1000", "autoCreateTopicEnable=true", "autoCreateSubscriptionGroup=true",
-            "timerWheelEnable=false", "",
+            "timerWheelEnable=false", *self._auth_conf(), "",
         ])  # fmt: skip
+
+    def _auth_conf(self) -> list[str]:
+        """ACL 2.0, the only ACL a 5.3 broker has (`aclEnable` is read by nothing). Its users come from a
+        plain ACL 1.0 file (conf/plain_acl.yml), which the broker migrates at start (AuthMigrator)."""
+        if self.acl is None:
+            return []
+        provider = "org.apache.rocketmq.auth.{0}.provider.Local{1}MetadataProvider"
+        return ["authenticationEnabled=true",
+                "authenticationProvider=org.apache.rocketmq.auth.authentication.provider.DefaultAuthenticationProvider",
+                f"authenticationMetadataProvider={provider.format('authentication', 'Authentication')}",
+                f"authorizationMetadataProvider={provider.format('authorization', 'Authorization')}",
+                "migrateAuthFromV1Enabled=true"]  # fmt: skip
+
+    def _write_plain_acl(self) -> None:
+        if self.acl is None:
+            return
+        conf = self.home("broker") / "conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        access, secret = self.acl
+        (conf / "plain_acl.yml").write_text(
+            f"accounts:\n  - accessKey: {access}\n    secretKey: {secret}\n    admin: true\n"
+        )
 
     def start(self) -> RocketMQ:
         require_jars()
         self._spawn("namesrv", "org.apache.rocketmq.namesrv.NamesrvStartup", f"listenPort={self.namesrv_port}\n")
         self._wait(lambda: not _port_free(self.namesrv_port), "the name server to listen")
-        self._spawn("broker", "org.apache.rocketmq.broker.BrokerStartup", self.broker_conf())
-        self._wait(self._registered, "the broker to register with the name server")
+        self.start_broker()
         return self
 
-    def _registered(self) -> bool:
+    def start_broker(self) -> None:
+        """The broker alone (again, after `kill_broker`: same store, same ports)."""
+        self._write_plain_acl()
+        before = self._registrations()
+        self._spawn("broker", "org.apache.rocketmq.broker.BrokerStartup", self.broker_conf())
+        self._wait(lambda: self._registrations() > before, "the broker to register with the name server")
+
+    def _registrations(self) -> int:
         logs = self.home("namesrv") / "logs" / "rocketmqlogs"
-        return any("new broker registered" in p.read_text(errors="replace") for p in logs.glob("*.log"))
+        return sum(p.read_text(errors="replace").count("new broker registered") for p in logs.glob("*.log"))
 
     def _wait(self, ready: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -175,10 +204,11 @@ class RocketMQ:
 
 
 def run_driver(classes: Path, phase: str, namesrv: str, out: Path, *args: str, home: Path,
-               timeout_s: int = 180) -> None:  # fmt: skip
-    """One phase of Scenario.java; its truth lines are appended to `out`."""
+               timeout_s: int = 180, acl: tuple[str, str] | None = None) -> None:  # fmt: skip
+    """One phase of Scenario.java; its truth lines are appended to `out`. With `acl`, its clients sign."""
     home.mkdir(parents=True, exist_ok=True)
-    cmd = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", f"-Duser.home={home}",
+    keys = [f"-Dacl.accessKey={acl[0]}", f"-Dacl.secretKey={acl[1]}"] if acl else []
+    cmd = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", f"-Duser.home={home}", *keys,
            "-cp", f"{classes}:{CLASSPATH}", "Scenario", phase, namesrv, str(out), *args]  # fmt: skip
     with open(home / f"driver-{phase}.log", "wb") as log:
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=timeout_s)

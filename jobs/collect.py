@@ -1,0 +1,412 @@
+"""`txn-recon collect`: a live RocketMQ cluster into landing files, through its remoting protocol. No Spark.
+
+A pass asks a name server for the cluster's master brokers, then on each broker pulls the half, op and
+discard topics and the business topics from where the last pass stopped, and snapshots every consumer
+group's committed offsets. Records are the ones export-store writes (a pulled message is in the
+commit-log format), so ingest and everything after it cannot tell the two apart.
+
+Nothing is lost and nothing is committed. A broker's positions are kept in `<landing>/_collect/<broker>.json`
+and saved only after the files of its pass are on disk; file names derive from the pass number, so a
+pass killed before saving is redone under the same names and repeats only records ingest drops as exact
+repeats. Each pass's accounting lands in `<landing>/_collect/runs/`, which ingest loads into `collect_runs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import secrets
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jobs.config import CollectSettings, Config
+from jobs.errors import TxnReconError
+from jobs.landing_files import ENCODE, Stream, durable_write, read_state, write_state
+from jobs.lock import folder_lock
+from sources import client, remoting
+from sources import offsets as offset_table
+from sources.client import Connection, PullResult, Refused, RemotingError
+from sources.commitlog import Corrupt, Message, scan
+from sources.records import DISCARD_TOPIC, HALF_TOPIC, OP_TOPIC, RECORD, is_business_topic, stream_of
+from sources.remoting import Credentials
+
+log = logging.getLogger(__name__)
+CHECK_GROUP = "CID_RMQ_SYS_TRANS"  # the transaction check service's own progress (MixAll.CID_SYS_RMQ_TRANS)
+TRANSACTION_TOPICS = (HALF_TOPIC, OP_TOPIC, DISCARD_TOPIC)
+_KEEP_BODY = frozenset({OP_TOPIC})
+_IN_FLIGHT = 16  # pull requests sent before their answers are read (each answer up to 256 KiB)
+_PROGRESS_EVERY = 100_000  # messages between two progress lines of one broker's pass
+_RETRIES = 3  # PULL_RETRY_IMMEDIATELY answers in a row before a queue waits for the next pass
+
+QueueId = tuple[str, int]  # topic, queue id
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--namesrv", required=True, metavar="HOST:PORT[;HOST:PORT]",
+                        help="the cluster's name servers, as RocketMQ's clients take them")  # fmt: skip
+    parser.add_argument("--landing", type=Path, required=True, help="landing folder to add files to")
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument("--once", action="store_true", help="one pass, then exit (the default)")
+    when.add_argument("--every", type=float, metavar="SECONDS", help="a pass every SECONDS until stopped")
+
+
+@dataclass
+class BrokerState:
+    """What earlier passes collected from one broker."""
+
+    passes: int = 0
+    positions: dict[QueueId, int] = field(default_factory=dict)  # the next offset to pull
+    offsets: dict[offset_table.QueueKey, int] = field(default_factory=dict)  # the last snapshot's
+    snapshots: int = 0  # the seq of the last offset snapshot
+
+    @classmethod
+    def load(cls, path: Path) -> BrokerState:
+        def build(doc: Any) -> BrokerState:
+            return cls(int(doc["passes"]), {(t, int(q)): int(o) for t, q, o in doc["positions"]},
+                       {(g, t, int(q)): int(o) for g, t, q, o in doc["offsets"]}, int(doc["snapshots"]))  # fmt: skip
+
+        return read_state(path, build, "a collect state file", "to collect that broker from its queues' start") or cls()
+
+    def save(self, path: Path) -> None:
+        write_state(path, {"passes": self.passes, "snapshots": self.snapshots,
+                           "positions": [[*k, v] for k, v in sorted(self.positions.items())],
+                           "offsets": [[*k, v] for k, v in sorted(self.offsets.items())]})  # fmt: skip
+
+
+@dataclass
+class BrokerRun:
+    """One broker's part of a pass: the collect_runs row."""
+
+    broker_name: str
+    address: str | None
+    started_at: dt.datetime
+    finished_at: dt.datetime | None = None
+    messages: Counter[str] = field(default_factory=Counter)  # per topic
+    records: Counter[str] = field(default_factory=Counter)  # per landing stream
+    offset_records: int = 0
+    check_backlog: int | None = None  # half-queue messages the check service has not gone past yet
+    op_backlog: int | None = None  # op messages it has not read yet
+    errors: list[str] = field(default_factory=list)  # failures, and messages lost or moved
+    refused: bool = False  # the server answered, and said no (ACL keys, permissions, the group)
+    reached: bool = False  # the broker answered
+    complete: bool = False  # every queue was read to its end and the offsets were snapshot
+    queues_not_read: int = 0  # queues this pass could not read to their end (read again next pass)
+
+    @property
+    def status(self) -> str:
+        return "failed" if not self.reached else "ok" if self.complete else "partial"
+
+    def row(self, run_id: str) -> dict[str, Any]:
+        return {"run_id": run_id, "broker_name": self.broker_name or None, "address": self.address,
+                "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at or self.started_at),
+                "status": self.status, "half": self.records["half"], "op": self.records["op"],
+                "real": self.records["real"], "discarded": self.messages[DISCARD_TOPIC],
+                "offset_records": self.offset_records, "check_backlog": self.check_backlog,
+                "op_backlog": self.op_backlog, "errors": self.errors}  # fmt: skip
+
+
+def _iso(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+def credentials(settings: CollectSettings) -> Credentials | None:
+    access = os.environ.get("TXN_RECON_ACCESS_KEY") or settings.access_key
+    secret = os.environ.get("TXN_RECON_SECRET_KEY") or settings.secret_key
+    if access is None and secret is None:
+        return None
+    if not access or not secret:
+        raise TxnReconError("an ACL access key needs its secret key and the other way round: set both "
+                            "(collect.access_key and collect.secret_key, or TXN_RECON_ACCESS_KEY and "
+                            "TXN_RECON_SECRET_KEY)")  # fmt: skip
+    return Credentials(access, secret)
+
+
+class Collector:
+    """Passes over one cluster into one landing folder."""
+
+    def __init__(self, namesrv: list[str], landing: Path, settings: CollectSettings) -> None:
+        self.namesrv, self.landing, self.settings = namesrv, landing, settings
+        self.creds = credentials(settings)
+        self.folder = landing / "_collect"
+
+    def connect(self, address: str) -> Connection:
+        return Connection(address, self.settings.timeout_s, self.creds)
+
+    def brokers(self) -> dict[str, tuple[str, str]]:
+        """brokerName -> (master address, cluster), from the first name server that answers."""
+        problems = []
+        for address in self.namesrv:
+            try:
+                with self.connect(address) as conn:
+                    return client.master_brokers(conn)
+            except RemotingError as e:
+                problems.append(str(e))
+        raise RemotingError("no name server answered: " + "; ".join(problems))
+
+    def run_pass(self) -> list[BrokerRun]:
+        """One pass over every master broker; a broker that fails is reported and the others go on."""
+        started = _now()
+        try:
+            brokers = self.brokers()
+        except RemotingError as e:
+            log.error("collect: %s", e)
+            return [BrokerRun("", None, started, _now(), errors=[str(e)], refused=isinstance(e, Refused))]
+        runs = [self.collect_broker(name, address, cluster) for name, (address, cluster) in sorted(brokers.items())]
+        # A broker collected before that has no master now is down, restarting or failing over.
+        for name in sorted({p.stem for p in self.folder.glob("*.json")} - set(brokers)):
+            problem = f"{name} has no master registered with the name server (down or restarting); read next pass"
+            log.error("collect %s", problem)
+            runs.append(BrokerRun(name, None, started, _now(), errors=[problem]))
+        if not runs:
+            log.warning("collect: the name server knows no master broker yet")
+        return runs
+
+    def collect_broker(self, broker: str, address: str, cluster: str) -> BrokerRun:
+        run = BrokerRun(broker, address, _now())
+        path = self.folder / f"{broker}.json"
+        state = BrokerState.load(path)
+        prefix = f"collect-{broker}-{state.passes:08d}"
+        streams = {name: Stream(self.landing / name, prefix, ENCODE[name]) for name in RECORD}
+        try:
+            with self.connect(address) as conn:
+                queues = self._queues(conn, broker, cluster, state, run)
+                run.reached = True
+                whole = _pull_all(conn, self.settings.group, broker, queues, state, streams, run)
+                self._snapshot_offsets(conn, broker, state, run, prefix)
+                run.complete = whole
+        except RemotingError as e:
+            run.errors.append(str(e))
+            run.refused = isinstance(e, Refused)
+            log.error("collect %s: %s%s", broker, e, "; what was read before stays collected" if run.messages else "")
+        finally:
+            for name, s in streams.items():
+                s.close()  # durable before the positions that cover it are saved
+                run.records[name] = s.total
+        state.passes += 1
+        state.save(path)
+        run.finished_at = _now()
+        if run.status == "failed":
+            return run
+        log.info("collect %s: half %d, op %d, real %d (discarded %d), offset records %d, check backlog %s, "
+                 "op backlog %s%s", broker, run.records["half"], run.records["op"], run.records["real"],
+                 run.messages[DISCARD_TOPIC], run.offset_records, _opt(run.check_backlog), _opt(run.op_backlog),
+                 f"; {len(run.errors)} error(s)" if run.errors else "")  # fmt: skip
+        return run
+
+    def _queues(self, conn: Connection, broker: str, cluster: str, state: BrokerState,
+                run: BrokerRun) -> list[QueueId]:  # fmt: skip
+        """The queues to pull this pass. The topics named after the broker and its cluster only route
+        sends and hold nothing. A topic the broker no longer has is forgotten (one line), so a topic
+        created again under that name is read from its start."""
+        topics = client.topic_queues(conn)
+        wanted = set(self.settings.topics)
+
+        def chosen_topic(t: str) -> bool:
+            if t in TRANSACTION_TOPICS:
+                return True
+            return is_business_topic(t) and t not in (broker, cluster) and (not wanted or t in wanted)
+
+        chosen = {t: n for t, n in topics.items() if chosen_topic(t)}
+        for topic in sorted({t for t, _ in state.positions} - set(topics)):
+            log.warning("collect %s: topic %s is gone from the broker (deleted); its positions are dropped",
+                        broker, topic)  # fmt: skip
+            run.errors.append(f"topic {topic} deleted")
+            state.positions = {k: v for k, v in state.positions.items() if k[0] != topic}
+        for topic in sorted(wanted - set(topics)):
+            log.warning("collect %s: configured topic %s is not on this broker", broker, topic)
+        return [(t, q) for t in sorted(chosen) for q in range(chosen[t])]
+
+    def _snapshot_offsets(self, conn: Connection, broker: str, state: BrokerState, run: BrokerRun,
+                          prefix: str) -> None:  # fmt: skip
+        """The offset records of the queues whose committed offset changed since the last snapshot. If this
+        pass's offset file exists, an earlier try of the pass wrote it and was stopped before saving its
+        state: it is kept, not replaced by a newer snapshot, so a retry repeats nothing."""
+        written = self.landing / "offset" / f"{prefix}-00000.jsonl"
+        if written.exists():
+            for line in written.read_text(encoding="utf-8").splitlines():
+                rec = json.loads(line)
+                state.offsets[(rec["consumer_group"], rec["topic"], rec["queue_id"])] = rec["offset"]
+                state.snapshots = max(state.snapshots, rec["seq"])
+            return
+        text = client.consumer_offsets(conn)
+        taken_ms = int(time.time() * 1000)
+        try:
+            table = offset_table.parse(text)
+        except offset_table.OffsetFileError as e:
+            raise RemotingError(f"{conn.address}: unreadable consumer offsets ({e})") from None
+        half_done, op_done = (table.get(f"{t}@{CHECK_GROUP}", {}).get(0) for t in (HALF_TOPIC, OP_TOPIC))
+        run.check_backlog = _backlog(state.positions.get((HALF_TOPIC, 0)), half_done)
+        run.op_backlog = _backlog(state.positions.get((OP_TOPIC, 0)), op_done)
+        current, _ = offset_table.business_offsets(table)
+        keys = offset_table.changed(state.offsets, current)
+        if not keys:
+            return
+        seq = state.snapshots + 1
+        stream = Stream(self.landing / "offset", prefix, ENCODE["offset"])
+        for key in keys:
+            stream.add(offset_table.offset_record(broker, key, current[key], taken_ms, seq))
+        stream.close()
+        state.offsets.update(current)
+        state.snapshots, run.offset_records = seq, len(keys)
+
+
+def _backlog(end: int | None, done: int | None) -> int | None:
+    """How far the check service's committed offset trails the queue's end as this pass read it."""
+    return None if end is None or done is None else max(end - done, 0)
+
+
+def _opt(value: int | None) -> str:
+    return "unknown" if value is None else str(value)
+
+
+def _pull_all(conn: Connection, group: str, broker: str, queues: list[QueueId], state: BrokerState,
+              streams: dict[str, Stream], run: BrokerRun) -> bool:  # fmt: skip
+    """Pull every queue up to its end; False if some queue could not be (it is read again next pass). A
+    round sends one request per unfinished queue, pipelined on the one connection, _IN_FLIGHT at a time: a
+    round trip per chunk of queues, and the broker never holds more than a few MiB of answers for us."""
+    routes: dict[str, tuple[Callable[[str, Message], tuple[Any, ...]], Stream] | None] = {}
+    retries: Counter[QueueId] = Counter()
+    active = list(queues)
+    pulled = next_progress = 0
+    while active:
+        still = []
+        for i in range(0, len(active), _IN_FLIGHT):
+            sent = [
+                (q, client.send_pull(conn, group, *q, state.positions.get(q, 0))) for q in active[i : i + _IN_FLIGHT]
+            ]
+            for queue, opaque in sent:
+                if _apply(
+                    client.pull_result(conn.receive(opaque)), queue, broker, state, streams, routes, run, retries
+                ):
+                    still.append(queue)
+        active = still
+        pulled = sum(run.messages.values())
+        if pulled >= next_progress + _PROGRESS_EVERY:
+            next_progress = pulled - pulled % _PROGRESS_EVERY
+            log.info("collect %s: %d messages so far, %d queues not yet at their end", broker, pulled, len(active))
+    return run.queues_not_read == 0
+
+
+def _apply(result: PullResult, queue: QueueId, broker: str, state: BrokerState, streams: dict[str, Stream],
+           routes: dict[str, Any], run: BrokerRun, retries: Counter[QueueId]) -> bool:  # fmt: skip
+    """Take one pull answer into the streams and positions; True if the queue has more to read now."""
+    topic, queue_id = queue
+    at = state.positions.get(queue, 0)
+    where = f"collect {broker}: {topic} queue {queue_id}"
+    if result.code == remoting.SUCCESS:
+        for entry in scan(result.body, 0, 0, _KEEP_BODY):
+            if isinstance(entry, Message):
+                route = routes.get(entry.topic, False)
+                if route is False:
+                    name = stream_of(entry.topic)
+                    route = routes[entry.topic] = None if name is None else (RECORD[name], streams[name])
+                if route is not None:
+                    route[1].add(route[0](broker, entry))
+                run.messages[entry.topic] += 1
+            elif isinstance(entry, Corrupt):
+                # The position stays before this batch: next pass reads it again (its good messages as
+                # exact repeats), and reports the corrupt one again if it is still corrupt.
+                run.errors.append(f"{topic} queue {queue_id}: corrupt message in a pull answer ({entry.reason})")
+                run.queues_not_read += 1
+                log.error("%s: a pull answer from offset %d holds a corrupt message (%s); this batch is read "
+                          "again next pass", where, at, entry.reason)  # fmt: skip
+                return False
+        state.positions[queue] = _need(result.next_offset, where)
+        return result.max_offset is None or state.positions[queue] < result.max_offset
+    if result.code == remoting.PULL_NOT_FOUND:
+        return False
+    if result.code == remoting.PULL_RETRY_IMMEDIATELY:
+        retries[queue] += 1
+        state.positions[queue] = result.next_offset if result.next_offset is not None else at
+        if retries[queue] < _RETRIES:
+            return True
+        run.errors.append(f"{topic} queue {queue_id}: the broker kept answering 'retry' ({result.reason})")
+        run.queues_not_read += 1
+        return False
+    if result.code == remoting.PULL_OFFSET_MOVED:
+        to = _need(result.next_offset, where)
+        if to > at:
+            log.warning("%s: offsets %d to %d were deleted by the broker (retention) before they were collected; "
+                        "going on from %d", where, at, to - 1, to)  # fmt: skip
+            run.errors.append(f"{topic} queue {queue_id}: offsets {at}..{to - 1} deleted before collection")
+        else:
+            log.warning("%s: the queue now ends at %d, before our position %d (the topic was re-created or "
+                        "the store replaced); reading again from %d", where, to, at, to)  # fmt: skip
+            run.errors.append(f"{topic} queue {queue_id}: offset moved back from {at} to {to}")
+        state.positions[queue] = to
+        return to != at
+    if result.code == remoting.TOPIC_NOT_EXIST:
+        log.warning("%s: the topic no longer exists; its position is dropped", where)
+        run.errors.append(f"topic {topic} deleted")
+        state.positions.pop(queue, None)
+        return False
+    reason = result.reason
+    if result.code in (remoting.NO_PERMISSION, remoting.SUBSCRIPTION_GROUP_NOT_EXIST):
+        raise Refused(f"{broker} refused the pull of {topic}: {reason}", result.code)
+    log.error("%s: the pull failed (%s); the queue is read again next pass", where, reason)
+    run.errors.append(f"{topic} queue {queue_id}: {reason}")
+    run.queues_not_read += 1
+    return False
+
+
+def _need(value: int | None, where: str) -> int:
+    if value is None:
+        raise RemotingError(f"{where}: the pull answer lacks nextBeginOffset")
+    return value
+
+
+def write_runs(folder: Path, run_id: str, runs: list[BrokerRun]) -> None:
+    """The pass's accounting rows, one file per pass (ingest lands them in `collect_runs`)."""
+    text = "".join(json.dumps(r.row(run_id), separators=(",", ":")) + "\n" for r in runs)
+    durable_write(folder / "runs" / f"{run_id}.jsonl", text)
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    namesrv = [a.strip() for a in args.namesrv.split(";") if a.strip()]
+    if not namesrv or not all(a.rpartition(":")[2].isdigit() for a in namesrv):
+        raise TxnReconError(f"--namesrv {args.namesrv!r}: expected HOST:PORT, several separated by ';'")
+    if args.every is not None and args.every <= 0:
+        raise TxnReconError(f"--every {args.every:g}: expected a positive number of seconds")
+    landing: Path = args.landing
+    try:
+        landing.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TxnReconError(f"cannot create --landing {landing}: {e.strerror}") from None
+    collector = Collector(namesrv, landing, config.collect)
+    with folder_lock(collector.folder, f"the collect state in {landing}", "collect", name=".collect.lock"):
+        while True:
+            started = time.monotonic()
+            run_id = f"collect-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"  # as every job's
+            runs = collector.run_pass()
+            write_runs(collector.folder, run_id, runs)
+            read = [r for r in runs if r.status != "failed"]
+            print(f"collect {run_id}: {len(read)} of {len(runs)} broker(s) read; "
+                  + "; ".join(f"{r.broker_name or 'name server'} {r.status}" for r in runs), flush=True)  # fmt: skip
+            if args.every is None:
+                break
+            time.sleep(max(args.every - (time.monotonic() - started), 0))
+    if not read:
+        first = runs[0].errors[0] if runs and runs[0].errors else "no broker"
+        if runs and all(r.refused for r in runs):
+            raise TxnReconError(f"nothing could be read: {first}")
+        print(f"txn-recon collect: failed: nothing could be read: {first}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    from jobs.cli import main
+
+    sys.exit(main(["collect", *sys.argv[1:]]))

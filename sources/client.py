@@ -1,0 +1,201 @@
+"""A read-only remoting client of a RocketMQ cluster: the name server's cluster table, a broker's topics
+and consumer offsets, and pulls. Every socket call has a timeout. The requests are those RocketMQ's own
+tools send (apache/rocketmq 5.3.3):
+
+- GET_BROKER_CLUSTER_INFO to a name server: `MQClientAPIImpl.getBrokerClusterInfo` (`mqadmin clusterList`).
+- GET_ALL_TOPIC_CONFIG to a broker: `MQClientAPIImpl.getAllTopicConfig` (`mqadmin topicList`'s broker
+  view); it lists the system topics too, which the name server's topic list may not.
+- GET_ALL_CONSUMER_OFFSET to a broker: `BrokerOuterAPI.getAllConsumerOffset`, how a slave copies its
+  master's offset table; the answer is the table `consumerOffset.json` holds, every group's, including
+  the check service's own `CID_RMQ_SYS_TRANS`.
+- PULL_MESSAGE: `MQClientAPIImpl.pullMessage`, as `mqadmin printMsg` reads any topic with a pull consumer.
+  The broker checks the topic's read permission, not whether it is a system topic
+  (`PullMessageProcessor.processRequest`), so the transaction topics can be pulled this way; 5.x gRPC
+  proxies refuse them, hence remoting.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sources import remoting
+from sources.fastjson import FastjsonError, loads
+from sources.remoting import Command, Credentials, ProtocolError
+
+# PullSysFlag: FLAG_SUBSCRIPTION only. Never FLAG_COMMIT_OFFSET: the collector commits nothing. No
+# FLAG_SUSPEND either: the broker answers PULL_NOT_FOUND at once instead of holding the request.
+PULL_SYS_FLAG = 0x4
+PULL_BATCH = 32  # maxMsgNums; the broker caps it at maxTransferCountOnMessageInMemory (32 by default)
+
+
+class RemotingError(Exception):
+    """A server could not be reached or answered with something we cannot read. One line, with the address."""
+
+
+class Refused(RemotingError):
+    """The server answered with an error code (e.g. an ACL refusal)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class PullResult:
+    code: int
+    next_offset: int | None
+    min_offset: int | None
+    max_offset: int | None
+    body: bytes
+    remark: str | None
+
+    @property
+    def reason(self) -> str:
+        return f"code {self.code}: {first_line(self.remark)}"
+
+
+def first_line(remark: str | None) -> str:
+    """A broker's remark in one line (some go on with a line pointing to the FAQ)."""
+    return (remark or "").strip().split("\n", 1)[0] or "no reason given"
+
+
+class Connection:
+    """One TCP connection to a name server or broker. Requests may be pipelined: `send` several, then
+    `receive` their answers, matched by opaque."""
+
+    def __init__(self, address: str, timeout_s: float, creds: Credentials | None = None) -> None:
+        self.address, self.creds = address, creds
+        host, _, port = address.rpartition(":")
+        self._opaque = 0
+        self._early: dict[int, Command] = {}
+        try:
+            self._sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
+        except (OSError, ValueError) as e:
+            raise RemotingError(f"{address}: cannot connect ({_reason(e)})") from None
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._file = self._sock.makefile("rb")
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()
+        self._sock.close()
+
+    def send(self, code: int, fields: Mapping[str, Any] | None = None, body: bytes = b"") -> int:
+        self._opaque += 1
+        try:
+            self._sock.sendall(remoting.encode(code, self._opaque, fields or {}, body, self.creds))
+        except OSError as e:
+            raise RemotingError(f"{self.address}: send failed ({_reason(e)})") from None
+        return self._opaque
+
+    def receive(self, opaque: int) -> Command:
+        """The answer to the request `opaque`; answers to other requests are kept for their turn."""
+        while opaque not in self._early:
+            cmd = self._read()
+            if cmd.is_response:  # a server's own requests (none are expected) are ignored
+                self._early[cmd.opaque] = cmd
+        return self._early.pop(opaque)
+
+    def call(self, code: int, fields: Mapping[str, Any] | None = None, body: bytes = b"") -> Command:
+        return self.receive(self.send(code, fields, body))
+
+    def _read(self) -> Command:
+        try:
+            prefix = self._file.read(4)
+            if len(prefix) < 4:
+                raise RemotingError(f"{self.address}: the connection was closed")
+            length = remoting.frame_length(prefix)
+            frame = self._file.read(length)
+            if len(frame) < length:
+                raise RemotingError(f"{self.address}: the connection was closed mid-answer")
+            return remoting.decode(frame)
+        except TimeoutError:
+            raise RemotingError(f"{self.address}: no answer within {self._sock.gettimeout():g} s") from None
+        except OSError as e:
+            raise RemotingError(f"{self.address}: receive failed ({_reason(e)})") from None
+        except ProtocolError as e:
+            raise RemotingError(f"{self.address}: not a RocketMQ answer ({e})") from None
+
+
+def _reason(e: Exception) -> str:
+    return getattr(e, "strerror", None) or str(e) or type(e).__name__
+
+
+def _ok(conn: Connection, answer: Command, what: str) -> Command:
+    if answer.code != remoting.SUCCESS:
+        reason = first_line(answer.remark)
+        hint = (
+            " (ACL: check the access key and secret, and the user's rights)"
+            if answer.code == remoting.NO_PERMISSION
+            else ""
+        )
+        raise Refused(f"{conn.address} refused {what}: code {answer.code}: {reason}{hint}", answer.code)
+    return answer
+
+
+def _json(conn: Connection, answer: Command, what: str) -> Any:
+    try:
+        return loads(answer.body.decode("utf-8"))
+    except (UnicodeDecodeError, FastjsonError) as e:
+        raise RemotingError(f"{conn.address}: unreadable {what} ({e})") from None
+
+
+def master_brokers(conn: Connection) -> dict[str, tuple[str, str]]:
+    """brokerName -> (the master's address (brokerId 0), its cluster), from the name server's cluster table
+    (ClusterInfo.brokerAddrTable). A broker without a master (it is down, or failing over) is left out."""
+    answer = _ok(conn, conn.call(remoting.GET_BROKER_CLUSTER_INFO), "its cluster table")
+    table = _json(conn, answer, "cluster table").get("brokerAddrTable") or {}
+    return {name: (data["brokerAddrs"]["0"], data.get("cluster", "")) for name, data in table.items()
+            if "0" in (data.get("brokerAddrs") or {})}  # fmt: skip
+
+
+def topic_queues(conn: Connection) -> dict[str, int]:
+    """topic -> its read queue count on this broker (TopicConfigSerializeWrapper.topicConfigTable)."""
+    answer = _ok(conn, conn.call(remoting.GET_ALL_TOPIC_CONFIG), "its topic list")
+    table = _json(conn, answer, "topic list").get("topicConfigTable") or {}
+    return {topic: int(cfg.get("readQueueNums", 0)) for topic, cfg in table.items()}
+
+
+def consumer_offsets(conn: Connection) -> str:
+    """The broker's consumer-offset table as text, the format of `consumerOffset.json`."""
+    return _ok(conn, conn.call(remoting.GET_ALL_CONSUMER_OFFSET), "its consumer offsets").body.decode("utf-8")
+
+
+def pull_fields(group: str, topic: str, queue_id: int, offset: int) -> dict[str, Any]:
+    """PullMessageRequestHeader: every message ("*" by tag) from `offset`, committing nothing."""
+    return {"consumerGroup": group, "topic": topic, "queueId": queue_id, "queueOffset": offset,
+            "maxMsgNums": PULL_BATCH, "sysFlag": PULL_SYS_FLAG, "commitOffset": 0, "suspendTimeoutMillis": 0,
+            "subscription": "*", "subVersion": 0, "expressionType": "TAG"}  # fmt: skip
+
+
+def send_pull(conn: Connection, group: str, topic: str, queue_id: int, offset: int) -> int:
+    return conn.send(remoting.PULL_MESSAGE, pull_fields(group, topic, queue_id, offset))
+
+
+def pull_result(answer: Command) -> PullResult:
+    f = answer.fields
+    return PullResult(answer.code, _long(f.get("nextBeginOffset")), _long(f.get("minOffset")),
+                      _long(f.get("maxOffset")), answer.body, answer.remark)  # fmt: skip
+
+
+def _long(text: str | None) -> int | None:
+    return None if text is None else int(text)
+
+
+def first_answering(addresses: Iterable[str], timeout_s: float, creds: Credentials | None) -> Connection:
+    """A connection to the first name server that accepts one; the error names every one tried."""
+    problems = []
+    for address in addresses:
+        try:
+            return Connection(address, timeout_s, creds)
+        except RemotingError as e:
+            problems.append(str(e))
+    raise RemotingError("no name server answered: " + "; ".join(problems))
