@@ -8,6 +8,10 @@ tools send (apache/rocketmq 5.3.3):
 - GET_ALL_CONSUMER_OFFSET to a broker: `BrokerOuterAPI.getAllConsumerOffset`, how a slave copies its
   master's offset table; the answer is the table `consumerOffset.json` holds, every group's, including
   the check service's own `CID_RMQ_SYS_TRANS`.
+- GET_CONSUMER_CONNECTION_LIST and GET_CONSUMER_RUNNING_INFO to a broker: `mqadmin consumerConnection` and
+  `mqadmin consumerStatus` (`MQClientAPIImpl.getConsumerConnectionList`, `getConsumerRunningInfo`): a
+  group's live members with the one subscription table the broker keeps for it, and each member's own
+  subscriptions and held queues (the broker forwards the second request to the client).
 - PULL_MESSAGE: `MQClientAPIImpl.pullMessage`, as `mqadmin printMsg` reads any topic with a pull consumer.
   The broker checks the topic's read permission, not whether it is a system topic
   (`PullMessageProcessor.processRequest`), so the transaction topics can be pulled this way; 5.x gRPC
@@ -16,6 +20,7 @@ tools send (apache/rocketmq 5.3.3):
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -167,6 +172,37 @@ def topic_queues(conn: Connection) -> dict[str, int]:
 def consumer_offsets(conn: Connection) -> str:
     """The broker's consumer-offset table as text, the format of `consumerOffset.json`."""
     return _ok(conn, conn.call(remoting.GET_ALL_CONSUMER_OFFSET), "its consumer offsets").body.decode("utf-8")
+
+
+def consumer_connections(conn: Connection, group: str) -> dict[str, Any]:
+    """ConsumerConnection: `connectionSet` (clientId, clientAddr, language, version) and the broker's
+    `subscriptionTable` for the group (topic -> SubscriptionData), `consumeType`, `messageModel`."""
+    answer = conn.call(remoting.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": group})
+    return dict(_json(conn, _ok(conn, answer, f"the connections of group {group}"), "consumer connections"))
+
+
+@dataclass(frozen=True)
+class HeldQueue:
+    """A queue a consumer holds, with the offset it has consumed to in memory (ProcessQueueInfo)."""
+
+    broker_name: str
+    topic: str
+    queue_id: int
+    commit_offset: int
+    dropped: bool
+
+
+def consumer_running_info(conn: Connection, group: str, client_id: str) -> tuple[list[dict[str, Any]], list[HeldQueue]]:
+    """A member's own subscriptions (SubscriptionData) and the queues it holds (ConsumerRunningInfo)."""
+    answer = conn.call(remoting.GET_CONSUMER_RUNNING_INFO,
+                       {"consumerGroup": group, "clientId": client_id, "jstackEnable": False})  # fmt: skip
+    info = _json(conn, _ok(conn, answer, f"the running info of {client_id}"), "consumer running info")
+    held = []
+    for key, queue in (info.get("mqTable") or {}).items():
+        mq = json.loads(key)  # fastjson writes these map keys as objects (MessageQueue)
+        held.append(HeldQueue(mq["brokerName"], mq["topic"], int(mq["queueId"]), int(queue["commitOffset"]),
+                              bool(queue.get("droped"))))  # fmt: skip
+    return list(info.get("subscriptionSet") or []), sorted(held, key=lambda q: (q.broker_name, q.topic, q.queue_id))
 
 
 def pull_fields(group: str, topic: str, queue_id: int, offset: int) -> dict[str, Any]:

@@ -21,8 +21,9 @@ from typing import Any
 PULL_MESSAGE = 11
 GET_ALL_TOPIC_CONFIG = 21
 GET_ALL_CONSUMER_OFFSET = 43
-GET_ROUTEINFO_BY_TOPIC = 105
 GET_BROKER_CLUSTER_INFO = 106
+GET_CONSUMER_CONNECTION_LIST = 203
+GET_CONSUMER_RUNNING_INFO = 307
 # ResponseCode.java and RemotingSysResponseCode.java
 SUCCESS = 0
 NO_PERMISSION = 16
@@ -34,7 +35,6 @@ SUBSCRIPTION_GROUP_NOT_EXIST = 26
 
 JSON_TYPE, ROCKETMQ_TYPE = 0, 1  # SerializeType.java
 RESPONSE_FLAG = 1  # RemotingCommand.RPC_TYPE bit: 0 request, 1 response
-PYTHON = 3  # LanguageCode.PYTHON
 VERSION = 479  # MQVersion.Version.V5_3_3.ordinal(): the protocol level we speak
 MAX_FRAME = 64 << 20  # a sanity bound: pull answers are a few hundred KiB (maxTransferBytesOnMessageInMemory)
 _LEN = struct.Struct(">i")

@@ -17,7 +17,7 @@ from jobs.collect import BrokerRun, BrokerState, _apply
 from jobs.landing_files import ENCODE, Stream
 from sources import client, offsets, remoting
 from sources.commitlog import Message, scan
-from sources.fastjson import loads
+from sources.fastjson import FastjsonError, loads, object_key
 from sources.records import HALF_TOPIC, RECORD
 from sources.remoting import Credentials
 
@@ -121,6 +121,35 @@ def test_fastjson_bare_integer_keys() -> None:
     text = '{"a":{0:"127.0.0.1:1", 1 :"x,2:y"},"b":[1,2],"c":"{3:4}","d":"q\\"{5:6}","e":{-1:7}}'
     assert loads(text) == {"a": {"0": "127.0.0.1:1", "1": "x,2:y"}, "b": [1, 2], "c": "{3:4}", "d": 'q"{5:6}',
                            "e": {"-1": 7}}  # fmt: skip
+
+
+def test_fastjson_object_keys_and_bad_text() -> None:
+    text = '{"mqTable":{{"topic":"T","queueId":2,"brokerName":"b"}:{"commitOffset":5}},"n":[1.5,-2e3,true,null]}'
+    doc = loads(text)
+    assert doc == {"mqTable": {object_key({"brokerName": "b", "queueId": 2, "topic": "T"}): {"commitOffset": 5}},
+                   "n": [1.5, -2e3, True, None]}  # fmt: skip
+    for bad in ('{"a":1', '{"a" 1}', "{a:1}", '{"a":1} x', '{"a":"x}'):
+        with pytest.raises(FastjsonError):
+            loads(bad)
+
+
+def test_a_group_whose_members_subscribe_differently() -> None:
+    """Captured from CG_CONFLICT (Scenario.java `conflict`): one member on TopicA, one on TopicB. The broker
+    keeps one subscription table for the group, and it holds TopicA only: the TopicB member's was
+    overwritten. Each member holds its own topic's share of the queues (2 of 4, allocated over both
+    members): the other two queues of each topic belong to a member that does not subscribe to it."""
+    group = client.consumer_connections(Canned("consumer_connections"), "CG_CONFLICT")  # type: ignore[arg-type]
+    members = sorted(c["clientId"].split("@")[1] for c in group["connectionSet"])
+    assert members == ["member-TopicA", "member-TopicB"] and group["messageModel"] == "CLUSTERING"
+    assert sorted(group["subscriptionTable"]) == ["%RETRY%CG_CONFLICT", "TopicA"]
+    held = {}
+    for member in ("topica", "topicb"):
+        subs, queues = client.consumer_running_info(Canned(f"running_info_{member}"), "CG_CONFLICT", "x")  # type: ignore[arg-type]
+        held[member] = ({s["topic"] for s in subs}, {(q.topic, q.queue_id): q.commit_offset for q in queues})
+    assert held["topica"][0] == {"%RETRY%CG_CONFLICT", "TopicA"}
+    assert held["topicb"][0] == {"%RETRY%CG_CONFLICT", "TopicB"}
+    assert held["topica"][1] == {("%RETRY%CG_CONFLICT", 0): 0, ("TopicA", 0): 5, ("TopicA", 1): 5}
+    assert held["topicb"][1] == {("TopicB", 2): 5, ("TopicB", 3): 5}
 
 
 def test_consumer_offsets_answer_holds_the_check_services_progress() -> None:

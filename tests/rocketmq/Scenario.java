@@ -41,6 +41,8 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  * java Scenario reset NAMESRV OUT TIMESTAMP_MS                  the group offline, its offsets reset back in time
  * java Scenario young NAMESRV OUT                               halves still pending when the store is read
  * java Scenario bulk  NAMESRV OUT COUNT                         COUNT plain messages to BulkTopic, in batches
+ * java Scenario conflict NAMESRV OUT SECONDS                    group CG_CONFLICT: one member on TopicA, one on
+ *                                                                TopicB (the classic mistake), kept SECONDS
  * </pre>
  *
  * With -Dacl.accessKey=... -Dacl.secretKey=... every client signs its requests (AclClientRPCHook).
@@ -321,6 +323,42 @@ public final class Scenario {
         p.shutdown();
     }
 
+    static void conflict(String namesrv, PrintWriter out, int seconds) throws Exception {
+        DefaultMQProducer p = new DefaultMQProducer("PG_CONFLICT", aclHook());
+        p.setNamesrvAddr(namesrv);
+        p.setInstanceName("conflict");
+        p.start();
+        for (String topic : new String[] {"TopicA", "TopicB"}) {
+            for (int i = 0; i < 20; i++) {
+                p.send(new Message(topic, "c", topic + "-" + i, new byte[10]));
+            }
+        }
+        Map<String, Integer> seen = new ConcurrentHashMap<>();
+        List<DefaultMQPushConsumer> members = new ArrayList<>();
+        for (String topic : new String[] {"TopicA", "TopicB"}) {
+            DefaultMQPushConsumer c = new DefaultMQPushConsumer("CG_CONFLICT", aclHook());
+            c.setNamesrvAddr(namesrv);
+            c.setInstanceName("member-" + topic);
+            c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+            c.subscribe(topic, "*");
+            c.registerMessageListener((MessageListenerConcurrently) (msgs, ctx) -> {
+                for (MessageExt m : msgs) {
+                    seen.merge(m.getTopic(), 1, Integer::sum);
+                }
+                return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+            });
+            c.start();
+            members.add(c);
+        }
+        Thread.sleep(seconds * 1000L);
+        out.println("{\"kind\":\"conflict\",\"consumed\":" + new TreeMap<>(seen).toString().replace("=", "\":")
+            .replace("{", "{\"").replace(", ", ",\"") + "}");
+        for (DefaultMQPushConsumer c : members) {
+            c.shutdown();
+        }
+        p.shutdown();
+    }
+
     static DefaultMQAdminExt admin(String namesrv) throws Exception {
         DefaultMQAdminExt admin = new DefaultMQAdminExt();
         admin.setNamesrvAddr(namesrv);
@@ -378,6 +416,9 @@ public final class Scenario {
                     break;
                 case "bulk":
                     bulk(args[1], out, Integer.parseInt(args[3]));
+                    break;
+                case "conflict":
+                    conflict(args[1], out, Integer.parseInt(args[3]));
                     break;
                 default:
                     throw new IOException("unknown phase " + args[0]);

@@ -1,14 +1,17 @@
 """Record request and answer frames of a real broker for the protocol unit tests (tests/test_remoting.py).
 
-    python -m tests.rocketmq.capture_frames NAMESRV BROKER OUT_DIR [ACCESS_KEY SECRET_KEY]
+    python -m tests.rocketmq.capture_frames NAMESRV BROKER OUT_DIR [ACCESS_KEY SECRET_KEY | --group GROUP]
 
 Run it against a broker holding a few transactional halves (Scenario.java's `young` phase). Each exchange
 is kept as NAME.request.bin (the whole frame sent) and NAME.answer.bin (the answer without its 4-byte
 length prefix). With keys (an ACL broker), one signed exchange and one with a wrong secret are taken.
+With --group (while Scenario.java's `conflict` phase runs: CG_CONFLICT), the group's connections and
+each member's running info.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 from collections.abc import Mapping
@@ -42,6 +45,15 @@ def pull(offset: int) -> dict[str, Any]:
     return client.pull_fields(GROUP, HALF, 0, offset)
 
 
+def consumers(broker: str, out: Path, group: str) -> None:
+    answer = capture(out, "consumer_connections", broker, remoting.GET_CONSUMER_CONNECTION_LIST,
+                     {"consumerGroup": group})  # fmt: skip
+    for member in json.loads(answer.body)["connectionSet"]:
+        name = "running_info_" + member["clientId"].split("@")[1].removeprefix("member-").lower()
+        capture(out, name, broker, remoting.GET_CONSUMER_RUNNING_INFO,
+                {"consumerGroup": group, "clientId": member["clientId"], "jstackEnable": False})  # fmt: skip
+
+
 def main(namesrv: str, broker: str, out: Path, creds: Credentials | None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if creds is not None:
@@ -59,5 +71,8 @@ def main(namesrv: str, broker: str, out: Path, creds: Credentials | None) -> Non
 
 
 if __name__ == "__main__":
-    keys = Credentials(sys.argv[4], sys.argv[5]) if len(sys.argv) > 5 else None
-    main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), keys)
+    if len(sys.argv) == 6 and sys.argv[4] == "--group":
+        consumers(sys.argv[2], Path(sys.argv[3]), sys.argv[5])
+    else:
+        keys = Credentials(sys.argv[4], sys.argv[5]) if len(sys.argv) > 5 else None
+        main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), keys)
