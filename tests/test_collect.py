@@ -1,7 +1,7 @@
 """`txn-recon collect` against a real RocketMQ 5.3.3 broker with ACL on: signed requests are accepted and a
 wrong secret gets one clear line; a collector killed in the middle of a pass and run again ends with the
-same bronze, after ingest, as an uninterrupted one. (The scenario collected live, and a broker restart under a running collector, are
-in tests/test_real_broker.py.)
+same bronze, after ingest, as an uninterrupted one. (The scenario collected live, and a broker restart
+under a running collector, are in tests/test_real_broker.py.)
 """
 
 from __future__ import annotations
