@@ -18,7 +18,6 @@ import datetime as dt
 import json
 import logging
 import os
-import secrets
 import sys
 import time
 from collections import Counter
@@ -29,8 +28,9 @@ from typing import Any
 
 from jobs.config import CollectSettings, Config
 from jobs.errors import TxnReconError
-from jobs.landing_files import ENCODE, Stream, durable_write, read_state, write_state
+from jobs.landing_files import ENCODE, Stream, durable_write, make_landing, read_state, write_state
 from jobs.lock import folder_lock
+from jobs.runs import new_run_id
 from sources import client, remoting
 from sources import offsets as offset_table
 from sources.client import Connection, PullResult, Refused, RemotingError
@@ -380,15 +380,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if args.every is not None and args.every <= 0:
         raise TxnReconError(f"--every {args.every:g}: expected a positive number of seconds")
     landing: Path = args.landing
-    try:
-        landing.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TxnReconError(f"cannot create --landing {landing}: {e.strerror}") from None
+    make_landing(landing)
     collector = Collector(namesrv, landing, config.collect)
     with folder_lock(collector.folder, f"the collect state in {landing}", "collect", name=".collect.lock"):
         while True:
             started = time.monotonic()
-            run_id = f"collect-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"  # as every job's
+            run_id = new_run_id(dt.datetime.now(dt.UTC), "collect")
             runs = collector.run_pass()
             write_runs(collector.folder, run_id, runs)
             read = [r for r in runs if r.status != "failed"]

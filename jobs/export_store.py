@@ -23,7 +23,7 @@ from typing import Any
 
 from jobs.config import Config
 from jobs.errors import TxnReconError
-from jobs.landing_files import ENCODE, Stream, read_state, write_state
+from jobs.landing_files import ENCODE, Stream, make_landing, read_state, write_state
 from jobs.lock import folder_lock
 from sources import offsets as offset_file
 from sources.commitlog import Corrupt, DataEnd, FileEnd, Message, scan
@@ -209,10 +209,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if not re.fullmatch(r"[\w.-]+", broker):
         raise TxnReconError(f"--broker-name {broker!r} may hold only letters, digits, '_', '-' and '.'")
     landing: Path = args.landing
-    try:
-        landing.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TxnReconError(f"cannot create --landing {landing}: {e.strerror}") from None
+    make_landing(landing)
     state_path = landing / "_export" / f"{broker}.json"
     with folder_lock(landing / "_export", f"the export state of {broker} in {landing}", "export-store",
                      name=f".{broker}.lock"):  # fmt: skip

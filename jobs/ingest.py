@@ -14,7 +14,6 @@ import argparse
 import datetime as dt
 import json
 import logging
-import secrets
 import sys
 import time
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from jobs.catalog import create_table
 from jobs.config import Config
 from jobs.errors import TxnReconError, first_line
 from jobs.lock import warehouse_lock
+from jobs.runs import new_run_id
 from jobs.session import build_session
 from schemas import LANDING
 from schemas.bronze import BRONZE, CLUSTER_BY, COLLECT_RUNS, INGEST_FILES, INGEST_RUNS, QUARANTINE, STATS_COLUMNS
@@ -93,10 +93,6 @@ def validate_landing(landing: Path) -> None:
         raise TxnReconError(f"--landing {landing} is not a folder")
     if not any((landing / s).is_dir() for s in LANDING) and not (landing / COLLECT_RUNS_DIR).is_dir():
         raise TxnReconError(f"--landing {landing} has none of the stream folders {', '.join(LANDING)}")
-
-
-def new_run_id(now: dt.datetime, job: str = "ingest") -> str:
-    return f"{job}-{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
 def run(args: argparse.Namespace, config: Config) -> int:

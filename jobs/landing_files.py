@@ -76,6 +76,13 @@ def durable_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def make_landing(landing: Path) -> None:
+    try:
+        landing.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TxnReconError(f"cannot create --landing {landing}: {e.strerror}") from None
+
+
 def read_state(path: Path, build: Callable[[Any], T], what: str, remedy: str) -> T | None:
     """A job's state file through `build`, None if there is none yet; one clear error if it is not one."""
     if not path.exists():

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,14 +224,3 @@ def pull_result(answer: Command) -> PullResult:
 
 def _long(text: str | None) -> int | None:
     return None if text is None else int(text)
-
-
-def first_answering(addresses: Iterable[str], timeout_s: float, creds: Credentials | None) -> Connection:
-    """A connection to the first name server that accepts one; the error names every one tried."""
-    problems = []
-    for address in addresses:
-        try:
-            return Connection(address, timeout_s, creds)
-        except RemotingError as e:
-            problems.append(str(e))
-    raise RemotingError("no name server answered: " + "; ".join(problems))

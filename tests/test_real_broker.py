@@ -30,6 +30,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from jobs.cli import main
+from jobs.collect import _iso as collect_time
+from jobs.collect import _now as now
 from jobs.config import Config
 from jobs.reconcile import reconcile
 from jobs.report import _collect_runs as report_collect_runs
@@ -99,7 +101,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
             exports += [export(rmq.store, landing, rmq.broker_name), export(rmq.store, landing, rmq.broker_name)]
             wait_for(lambda: "has no master registered" in log.read_text(), "the collector to miss the broker")
             rmq.settings = dataclasses.replace(SETTINGS, check_interval_ms=3_600_000)  # no check: the store stays
-            restarted = dt_now()
+            restarted = collect_time(now())
             rmq.start_broker()
             wait_for(lambda: any(r["status"] == "ok" and r["started_at"] > restarted for r in collect_runs(live)),
                      "a whole collect pass after the restart")  # fmt: skip
@@ -109,12 +111,6 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
             collector.wait(30)
     lines = [json.loads(line) for line in truth.read_text().splitlines()]
     return Scenario(lines, landing, exports, rmq, live, log.read_text())
-
-
-def dt_now() -> str:
-    """The time as collect_runs rows write it (UTC, milliseconds)."""
-    t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}"
 
 
 def test_scenario_played_every_fate(scenario: Scenario) -> None:
