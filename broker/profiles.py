@@ -50,6 +50,9 @@ class Profile:
     consumer_crash: int = 0  # a consumer dies without persisting; restarts 30 s later
     consumer_scale: int = 0  # a consumer joins or leaves gracefully (rebalance hand-off)
     offset_reset: int = 0  # an admin resets a group's offsets on one topic back in time
+    offset_skip: int = 0  # an admin resets a group's offsets on one topic to its end, skipping the backlog
+    subscription_drift: int = 0  # a member deployed with other subscriptions joins its group for 3-6 minutes
+    stale_client_list: int = 0  # a member allocates over a client list missing one member, for 90-180 s
     # Per rebalance hand-off: the previous owner's final offset commit lands late.
     stale_offset_commit: float = 0.0
 
@@ -106,6 +109,9 @@ PROFILES: dict[str, Profile] = {
             consumer_crash=3,
             consumer_scale=4,
             offset_reset=2,
+            offset_skip=1,
+            subscription_drift=2,
+            stale_client_list=2,
             stale_offset_commit=0.6,
         ),
     )

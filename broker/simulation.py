@@ -9,6 +9,7 @@ ground truth is derived from the model's own state as transactions settle.
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import itertools
 import random
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from broker.groups import SNAPSHOT_MS, GroupWatch, Member
 from broker.profiles import BrokerSettings, Profile
 from broker.rebalance import allocate
 from broker.state import BrokerState, Consumer, HalfEntry, Producer, Txn
@@ -36,10 +38,13 @@ from broker.topology import (
     uniq_key_prefix,
 )
 from broker.truth import Thresholds, classify
+from schemas.landing import LANDING
 
-# Event priorities at one instant: incidents, then stores, op flushes, check passes, consumers, bookkeeping.
-P_CONTROL, P_STORE, P_OP, P_PASS, P_CONSUMER, P_FLUSH, P_END = range(7)
+# Event priorities at one instant: incidents, then stores, op flushes, check passes, consumers, bookkeeping,
+# and last the group snapshots, so a snapshot sees everything stored or committed at its millisecond.
+P_CONTROL, P_STORE, P_OP, P_PASS, P_CONSUMER, P_FLUSH, P_SNAPSHOT, P_END = range(8)
 REBALANCE_INTERVAL_MS = 20_000  # rocketmq.client.rebalance.waitInterval (reference §2.3)
+HEARTBEAT_MS = 30_000  # heartbeatBrokerInterval (§2.1)
 PERSIST_INTERVAL_MS = 5_000  # persistConsumerOffsetInterval (§3.2)
 NET_MS = 2  # one network hop
 MQ = tuple[str, str, int]
@@ -60,7 +65,7 @@ class Summary:
     profile: str
     transactions: int
     as_of: int = 0
-    records: dict[str, int] = field(default_factory=lambda: {"half": 0, "op": 0, "real": 0, "offset": 0})
+    records: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LANDING, 0))
     states: dict[str, int] = field(default_factory=dict)
     anomalies: dict[str, int] = field(default_factory=dict)
     faults: dict[str, int] = field(default_factory=dict)
@@ -94,6 +99,8 @@ class Simulation:
         self.thresholds = thresholds
         self.progress = progress
         self.rng = random.Random(seed)
+        # Consumer-group incidents draw from their own stream, so adding them leaves the other draws alone.
+        self.crng = random.Random(seed + 0x5EED)
         self.summary = Summary(seed, profile.name, n)
         self.now = START_MS
         self.queue: list[tuple[int, int, int, Callable[[Any], None], Any]] = []
@@ -122,6 +129,11 @@ class Simulation:
         self.members: dict[str, list[Consumer]] = {
             g.name: [self._new_consumer(g.name) for _ in range(g.members)] for g in CONSUMER_GROUPS
         }
+        # The topic set of each group's broker subscription table: the last heartbeat's (reference §2.1).
+        self.sub_table = {g.name: g.topics for g in CONSUMER_GROUPS}
+        self.moved: dict[tuple[str, MQ], tuple[str, int]] = {}  # a queue's last holder and its memory offset
+        self.watch = GroupWatch(lambda rec, ts: self._emit("consumer", rec, ts), self._truth_anomaly,
+                                thresholds.stranded_after_ms)  # fmt: skip
         # Cumulative thresholds for the mutually exclusive producer-side faults of one transaction.
         p = profile
         self.fault_cuts = list(itertools.accumulate(
@@ -153,6 +165,8 @@ class Simulation:
             self.at(START_MS, P_CONSUMER, self._rebalance_tick, group)
             for c in members:
                 self.at(START_MS + rng.randrange(PERSIST_INTERVAL_MS), P_CONSUMER, self._consumer_tick, c)
+                self.at(START_MS + self.crng.randrange(HEARTBEAT_MS), P_CONSUMER, self._heartbeat, c)
+        self.at(START_MS + SNAPSHOT_MS, P_SNAPSHOT, self._snapshot)
         if self.n == 0:
             self.at(START_MS, P_END, self._end)
             return
@@ -180,6 +194,11 @@ class Simulation:
             self.at(when(), P_CONTROL, self._consumer_scale, rng.choice(sorted(self.members)))
         for _ in range(p.offset_reset):
             self.at(when(), P_CONTROL, self._offset_reset, rng.choice(sorted(self.members)))
+        crng = self.crng
+        for count, fn in ((p.offset_skip, self._offset_skip), (p.subscription_drift, self._subscription_drift),
+                          (p.stale_client_list, self._stale_client_list)):  # fmt: skip
+            for _ in range(count):
+                self.at(crng.randint(*span), P_CONTROL, fn, crng.choice(sorted(self.members)))
 
     def _fault(self, txn: Txn | None, name: str) -> None:
         self.summary.faults[name] = self.summary.faults.get(name, 0) + 1
@@ -577,9 +596,17 @@ class Simulation:
 
     # ---- consumers ----------------------------------------------------------------------------------
 
-    def _new_consumer(self, group: str) -> Consumer:
+    def _new_consumer(self, group: str, topics: tuple[str, ...] | None = None) -> Consumer:
         n = next(self.client_n)
-        return Consumer(group, client_id(client_ip(n), 2000 + n, n * 104_729 + self.now % 1_000_000))
+        cid = client_id(client_ip(n), 2000 + n, n * 104_729 + self.now % 1_000_000)
+        return Consumer(group, cid, topics or self.consumer_specs[group].topics)
+
+    def _heartbeat(self, c: Consumer) -> None:
+        """A member's heartbeat replaces its group's subscription table by its own topics (reference §2.1)."""
+        if not c.alive:
+            return
+        self.at(self.now + HEARTBEAT_MS, P_CONSUMER, self._heartbeat, c)
+        self.sub_table[c.group] = c.topics
 
     def _rebalance_tick(self, group: str) -> None:
         self.at(self.now + REBALANCE_INTERVAL_MS, P_CONSUMER, self._rebalance_tick, group)
@@ -591,13 +618,14 @@ class Simulation:
         spec: ConsumerGroupSpec = self.consumer_specs[group]
         members = self.members[group]
         cids = [c.client_id for c in members]
-        wanted = {c.client_id: self._allocation(spec, c.client_id, cids) for c in members}
+        wanted = {c.client_id: self._allocation(spec, c, c.view or cids) for c in members}
         for c in members:
             for mq in sorted(c.assigned - wanted[c.client_id]):
                 late = self.rng.random() < self.profile.stale_offset_commit
                 self._commit_offset(c, mq, c.memory[mq], delay=self.rng.randint(5_000, 15_000) if late else NET_MS)
                 if late:
                     self._fault(None, "stale_offset_commit")
+                self.moved[(group, mq)] = (c.client_id, c.memory[mq])
                 self._drop(c, mq)
         for c in members:
             for mq in sorted(wanted[c.client_id] - c.assigned):
@@ -606,9 +634,13 @@ class Simulation:
                 start = stored[0] if stored else 0  # a young queue answers 0 (reference §3.3, §3.6)
                 c.assigned.add(mq)
                 c.memory[mq] = start
+                if (group, mq) in self.moved:
+                    old, memory = self.moved.pop((group, mq))
+                    self.watch.handed_off(group, mq, old, memory - start)
 
-    def _allocation(self, spec: ConsumerGroupSpec, cid: str, cids: list[str]) -> set[MQ]:
-        return {mq for t in spec.topics for mq in allocate(spec.strategy, spec.name, cid, self.mq_all[t], cids)}
+    def _allocation(self, spec: ConsumerGroupSpec, c: Consumer, cids: list[str] | tuple[str, ...]) -> set[MQ]:
+        """Each member allocates its own topics over the client list it has (reference §2.3)."""
+        return {mq for t in c.topics for mq in allocate(spec.strategy, spec.name, c.client_id, self.mq_all[t], cids)}
 
     def _drop(self, c: Consumer, mq: MQ) -> None:
         c.assigned.discard(mq)
@@ -619,9 +651,11 @@ class Simulation:
         if not c.alive:
             return
         self.at(self.now + PERSIST_INTERVAL_MS, P_CONSUMER, self._consumer_tick, c)
-        self._consume(c, self.now - 100, pins=True)
-        for mq in sorted(c.assigned):  # persistAll: every assigned queue, changed or not (§3.2)
+        # persistAll sends what was consumed so far, every assigned queue, changed or not (§3.2); what is
+        # consumed next stays in memory until the next persist, and is lost with the member if it dies.
+        for mq in sorted(c.assigned):
             self._commit_offset(c, mq, c.memory[mq])
+        self._consume(c, self.now - 100, pins=True)
 
     def _consume(self, c: Consumer, upto_ts: int, pins: bool) -> None:
         """Advance memory offsets over what was stored by `upto_ts`; a slow message pins the committed
@@ -630,7 +664,7 @@ class Simulation:
         for mq in sorted(c.assigned):
             topic, bname, qid = mq
             b = self.brokers[bname]
-            if not b.up:
+            if not b.up or topic not in self.sub_table[c.group]:  # a pull fails: "subscription not exist"
                 continue
             target = bisect.bisect_right(b.real_store_ts[(topic, qid)], upto_ts)
             mem = c.memory[mq]
@@ -665,6 +699,13 @@ class Simulation:
         self._emit("offset", rec, self.now)
         key = (group, topic, qid)
         before = b.offsets.get(key)
+        if before is not None and offset > before[0] and client is None and before[1] is not None:
+            self._truth_anomaly({
+                "anomaly_type": "OFFSET_JUMP", "reason": None, "broker_name": b.name, "consumer_group": group,
+                "topic": topic, "queue_id": qid, "commit_timestamp": self.now, "seq": b.offset_seq,
+                "event_ts": self.now, "detail": {"from_offset": before[0], "to_offset": offset,
+                                                 "skipped": offset - before[0], "client_before": before[1]},
+            })  # fmt: skip
         if before is not None and offset < before[0]:
             real = b.real_store_ts[(topic, qid)]
             self._truth_anomaly({
@@ -685,27 +726,110 @@ class Simulation:
         victim = members[self.rng.randrange(len(members))]
         victim.alive = False
         members.remove(victim)
+        for mq in sorted(victim.assigned):  # what it had consumed dies with it
+            self.moved[(group, mq)] = (victim.client_id, victim.memory[mq])
         self._fault(None, "consumer_crash")
         self._rebalance(group)
-        self.at(self.now + 30_000, P_CONTROL, self._consumer_join, group)
+        self.at(self.now + 30_000, P_CONTROL, self._consumer_rejoin, group)
 
-    def _consumer_join(self, group: str) -> None:
-        c = self._new_consumer(group)
+    def _consumer_rejoin(self, group: str) -> None:
+        self._consumer_join(group)
+
+    def _consumer_join(self, group: str, topics: tuple[str, ...] | None = None) -> Consumer:
+        c = self._new_consumer(group, topics)
         self.members[group].append(c)
+        self.sub_table[group] = c.topics  # its registration is a heartbeat
         self._rebalance(group)
         self.at(self.now + self.rng.randrange(PERSIST_INTERVAL_MS), P_CONSUMER, self._consumer_tick, c)
+        self.at(self.now + HEARTBEAT_MS, P_CONSUMER, self._heartbeat, c)
+        return c
+
+    def _leave(self, c: Consumer) -> None:
+        """A graceful shutdown: persist every held queue, then leave the group."""
+        if not c.alive:
+            return
+        for mq in sorted(c.assigned):
+            self._commit_offset(c, mq, c.memory[mq])
+            self.moved[(c.group, mq)] = (c.client_id, c.memory[mq])
+        c.alive = False
+        self.members[c.group].remove(c)
+        self._rebalance(c.group)
+
+    def _subscription_drift(self, group: str) -> None:
+        """A member deployed with other subscriptions (the classic mistake, reference §2.2): one topic fewer,
+        or for a one-topic group another topic instead. It leaves again 3-6 minutes later."""
+        topics = self.consumer_specs[group].topics
+        others = [t for t in self.topic_names if t not in topics]
+        drifted = topics[:-1] if len(topics) > 1 else (self.crng.choice(others),)
+        self._fault(None, "subscription_drift")
+        c = self._consumer_join(group, drifted)
+        self.at(self.now + self.crng.randint(180_000, 360_000), P_CONTROL, self._leave, c)
+
+    def _stale_client_list(self, group: str) -> None:
+        """One member allocates over a client list that misses another member (it asked a broker the other
+        had not reached yet), for 90-180 s: queues may be held twice or by nobody."""
+        members = self.members[group]
+        if len(members) < 2:
+            return
+        c = members[self.crng.randrange(len(members))]
+        missing = self.crng.choice([m.client_id for m in members if m is not c])
+        c.view = tuple(m.client_id for m in members if m.client_id != missing)
+        self._fault(None, "stale_client_list")
+        self._rebalance(group)
+        self.at(self.now + self.crng.randint(90_000, 180_000), P_CONTROL, self._fresh_client_list, c)
+
+    def _fresh_client_list(self, c: Consumer) -> None:
+        c.view = None
+        if c.alive:
+            self._rebalance(c.group)
+
+    def _offset_skip(self, group: str) -> None:
+        """An admin resets one topic of a group to its end (skipping a backlog): an OFFSET_JUMP wherever
+        that moves the committed offset forward."""
+        topic = self.crng.choice(self.consumer_specs[group].topics)
+        self._fault(None, "offset_skip")
+        for mq in self.mq_all[topic]:
+            _, bname, qid = mq
+            b = self.brokers[bname]
+            end, current = b.real_next[(topic, qid)], b.offsets.get((group, topic, qid))
+            if not b.up or current is None or end <= current[0]:
+                continue
+            self._store_offset(b, group, topic, qid, end, None)
+            for c in self.members[group]:
+                if mq in c.assigned:
+                    c.memory[mq] = end
+                    c.pins.pop(mq, None)
+
+    def _snapshot(self, _: Any) -> None:
+        """What `txn-recon collect` reads of every group with members (the brokers that are up answer)."""
+        self.at(self.now + SNAPSHOT_MS, P_SNAPSHOT, self._snapshot)
+        up = [b.name for b in self.brokers.values() if b.up]
+        for group in sorted(self.members):
+            members = self.members[group]
+            if not members or not up:
+                continue
+            self.watch.snapshot(
+                self.now, group,
+                [Member(c.client_id, c.topics, {mq: c.memory[mq] for mq in c.assigned}) for c in members],
+                dict.fromkeys(up, self.sub_table[group]),
+                committed=functools.partial(self._committed, group),
+                end=self._stored,
+                queues=lambda t: self.mq_all[t],
+            )  # fmt: skip
+
+    def _stored(self, mq: MQ) -> int:
+        return self.brokers[mq[1]].real_next[(mq[0], mq[2])]
+
+    def _committed(self, group: str, mq: MQ) -> int | None:
+        stored = self.brokers[mq[1]].offsets.get((group, mq[0], mq[2]))
+        return None if stored is None else stored[0]
 
     def _consumer_scale(self, group: str) -> None:
         """A graceful scale-in (persist everything, then leave) or scale-out."""
         members = self.members[group]
         self._fault(None, "consumer_scale")
         if len(members) > 1 and self.rng.random() < 0.5:
-            leaving = members[-1]
-            for mq in sorted(leaving.assigned):
-                self._commit_offset(leaving, mq, leaving.memory[mq])
-            leaving.alive = False
-            members.remove(leaving)
-            self._rebalance(group)
+            self._leave(members[-1])
         else:
             self._consumer_join(group)
 
@@ -745,6 +869,7 @@ class Simulation:
     def _close(self) -> None:
         """Transactions still open are judged as of the largest timestamp written (DESIGN §3)."""
         as_of = self.summary.as_of
+        self.watch.close()
         for txn in list(self.open.values()):
             self._write_truth(txn, as_of)
         self.open.clear()

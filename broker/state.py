@@ -121,11 +121,13 @@ class Producer:
 
 
 class Consumer:
-    __slots__ = ("alive", "assigned", "client_id", "group", "memory", "pins")
+    __slots__ = ("alive", "assigned", "client_id", "group", "memory", "pins", "topics", "view")
 
-    def __init__(self, group: str, client_id: str) -> None:
+    def __init__(self, group: str, client_id: str, topics: tuple[str, ...]) -> None:
         self.group = group
         self.client_id = client_id
+        self.topics = topics  # its own subscriptions: it rebalances these only (reference §2.3)
+        self.view: tuple[str, ...] | None = None  # a stale client list it allocates over; None: the broker's
         self.alive = True
         self.assigned: set[tuple[str, str, int]] = set()  # (topic, broker_name, queue_id)
         self.memory: dict[tuple[str, str, int], int] = {}  # increase-only memory offsets (§3.2)

@@ -22,6 +22,7 @@ MAX_CHECKS, EXPIRED = "MAX_CHECKS", "EXPIRED"
 class Thresholds:
     stuck_after_ms: int = 60_000
     op_grace_ms: int = 10_000
+    stranded_after_ms: int = 60_000
 
 
 class Facts(Protocol):

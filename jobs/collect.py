@@ -32,6 +32,7 @@ from jobs.landing_files import ENCODE, Stream, durable_write, make_landing, read
 from jobs.lock import folder_lock
 from jobs.runs import new_run_id
 from sources import client, remoting
+from sources import consumers as consumer_snapshot
 from sources import offsets as offset_table
 from sources.client import Connection, PullResult, Refused, RemotingError
 from sources.commitlog import Corrupt, Message, scan
@@ -95,6 +96,7 @@ class BrokerRun:
     check_backlog: int | None = None  # half-queue messages the check service has not gone past yet
     op_backlog: int | None = None  # op messages it has not read yet
     errors: list[str] = field(default_factory=list)  # failures, and messages lost or moved
+    groups: set[str] = field(default_factory=set)  # consumer groups with committed offsets here
     refused: bool = False  # the server answered, and said no (ACL keys, permissions, the group)
     reached: bool = False  # the broker answered
     complete: bool = False  # every queue was read to its end and the offsets were snapshot
@@ -155,8 +157,9 @@ class Collector:
                 problems.append(str(e))
         raise RemotingError("no name server answered: " + "; ".join(problems))
 
-    def run_pass(self) -> list[BrokerRun]:
-        """One pass over every master broker; a broker that fails is reported and the others go on."""
+    def run_pass(self, run_id: str) -> list[BrokerRun]:
+        """One pass over every master broker, then the consumer groups; a broker that fails is reported and
+        the others go on."""
         started = _now()
         try:
             brokers = self.brokers()
@@ -164,6 +167,7 @@ class Collector:
             log.error("collect: %s", e)
             return [BrokerRun("", None, started, _now(), errors=[str(e)], refused=isinstance(e, Refused))]
         runs = [self.collect_broker(name, address, cluster) for name, (address, cluster) in sorted(brokers.items())]
+        self.snapshot_groups(brokers, runs, run_id)
         # A broker collected before that has no master now is down, restarting or failing over.
         for name in sorted({p.stem for p in self.folder.glob("*.json")} - set(brokers)):
             problem = f"{name} has no master registered with the name server (down or restarting); read next pass"
@@ -239,6 +243,7 @@ class Collector:
                 rec = json.loads(line)
                 state.offsets[(rec["consumer_group"], rec["topic"], rec["queue_id"])] = rec["offset"]
                 state.snapshots = max(state.snapshots, rec["seq"])
+            run.groups = {g for g, _, _ in state.offsets} - {self.settings.group}
             return
         text = client.consumer_offsets(conn)
         taken_ms = int(time.time() * 1000)
@@ -250,6 +255,7 @@ class Collector:
         run.check_backlog = _backlog(state.positions.get((HALF_TOPIC, 0)), half_done)
         run.op_backlog = _backlog(state.positions.get((OP_TOPIC, 0)), op_done)
         current, _ = offset_table.business_offsets(table)
+        run.groups = {g for g, _, _ in current} - {self.settings.group}
         keys = offset_table.changed(state.offsets, current)
         if not keys:
             return
@@ -260,6 +266,52 @@ class Collector:
         stream.close()
         state.offsets.update(current)
         state.snapshots, run.offset_records = seq, len(keys)
+
+    def snapshot_groups(self, brokers: dict[str, tuple[str, str]], runs: list[BrokerRun], run_id: str) -> None:
+        """Snapshot every consumer group that has committed offsets: each master broker's connection list and
+        subscription table, then each member's running info (the broker relays the request to the client).
+        A group whose snapshot cannot be completed is left out of this pass, never landed in part: a missing
+        member would look like a hand-off. The records go to `consumer/<run_id>.jsonl`."""
+        by_broker = {r.broker_name: r for r in runs}
+        groups = sorted(set().union(*(r.groups for r in runs)))
+        if not groups:
+            return
+        records: list[tuple[Any, ...]] = []
+        conns: dict[str, Connection] = {}
+        try:
+            for group in groups:
+                taken_ms = int(time.time() * 1000)
+                tables: dict[str, dict[str, Any]] = {}
+                members: dict[str, consumer_snapshot.Member] = {}
+                try:
+                    for broker, (address, _) in sorted(brokers.items()):
+                        conn = conns.get(broker) or conns.setdefault(broker, self.connect(address))
+                        connection = client.consumer_connections(conn, group)
+                        if connection is None:
+                            continue
+                        tables[broker] = connection
+                        for cid in consumer_snapshot.client_ids(connection):
+                            if cid not in members:
+                                members[cid] = client.consumer_running_info(conn, group, cid)
+                except RemotingError as e:
+                    problem = f"consumer group {group}: no snapshot this pass ({e})"
+                    log.error("collect: %s", problem)
+                    run = by_broker.get(broker)
+                    if run is not None:
+                        run.errors.append(problem)
+                    failed = conns.pop(broker, None)
+                    if failed is not None:
+                        failed.close()  # its stream may hold half a response; the next group reconnects
+                    continue
+                if members:
+                    records += consumer_snapshot.snapshot_records(taken_ms, group, tables, members)
+        finally:
+            for conn in conns.values():
+                conn.close()
+        if records:
+            durable_write(self.landing / "consumer" / f"{run_id}.jsonl",
+                          "".join(ENCODE["consumer"](r) + "\n" for r in records))  # fmt: skip
+            log.info("collect: %d consumer group(s) snapshot, %d records", len(groups), len(records))
 
 
 def _backlog(end: int | None, done: int | None) -> int | None:
@@ -386,7 +438,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         while True:
             started = time.monotonic()
             run_id = new_run_id(dt.datetime.now(dt.UTC), "collect")
-            runs = collector.run_pass()
+            runs = collector.run_pass(run_id)
             write_runs(collector.folder, run_id, runs)
             read = [r for r in runs if r.status != "failed"]
             print(f"collect {run_id}: {len(read)} of {len(runs)} broker(s) read; "

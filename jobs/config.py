@@ -68,6 +68,7 @@ class BrokerSettings:
 class Thresholds:
     stuck_after_ms: int
     op_grace_ms: int
+    stranded_after_ms: int
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,22 @@ def render(data: dict[str, Any]) -> str:
         _section("Offset regressions", "regressions", regression_chart(data["regressions"])
                  + _table("regressions", data["regressions"], total=data["regressions_total"]),
                  "One lane per consumer group, topic and queue; a circle's area is the redelivery estimate."),
+        _section("Consumer groups", "groups",
+                 _table("group-members", data.get("members", []), title="Members and subscriptions (latest snapshot)")
+                 + _table("conflicts", data.get("conflicts", []), title="Subscription conflicts",
+                          total=data.get("conflicts_total"))
+                 + _table("stranded", data.get("stranded", []), title="Stranded queues",
+                          total=data.get("stranded_total"))
+                 + _table("handoffs", data.get("handoffs", []),
+                          title=f"Expected duplicates at hand-offs: {data.get('expected_duplicates', 0):,} messages",
+                          total=data.get("handoffs_total"))
+                 + _table("jumps", data.get("jumps", []), title="Offset jumps (messages skipped)",
+                          total=data.get("jumps_total"))
+                 + _table("ownership", data.get("ownership", []), title="Queue ownership over time",
+                          total=data.get("ownership_total")),
+                 "From `txn-recon collect`'s snapshots of each group (or the model's). A stranded queue has "
+                 "messages waiting that no subscribing member holds; a hand-off's estimate counts what the old "
+                 "holder had consumed but not committed when it was last seen."),
         _section("Data quality: latest result of every expectation", "quality",
                  _table("dq-latest", data["dq_latest"], fail_col="success")),
         _section("Run history", "runs",
@@ -179,6 +195,9 @@ def _table(
     )
 
 
+TIME_COLUMNS = frozenset({"event_ts", "until", "from_ts", "to_ts", "snapshot_ts"})
+
+
 def _cell(col: str, value: Any) -> str:
     if value is None:
         return "<td></td>"
@@ -186,7 +205,7 @@ def _cell(col: str, value: Any) -> str:
         return f"<td>{'yes' if value else 'NO'}</td>"
     if isinstance(value, (int, float)):
         shown = f"{value:,}" if col not in ("queue_id", "version") else str(value)
-        if col == "event_ts":
+        if col in TIME_COLUMNS:
             shown = f"{time_label(int(value), 1000)} ({value})"
         elif col == "age_ms":
             shown = f"{value / 60_000:,.1f} min"
@@ -194,7 +213,13 @@ def _cell(col: str, value: Any) -> str:
     if isinstance(value, dt.datetime):
         return f"<td>{value:%Y-%m-%d %H:%M:%S}</td>"
     text = str(value)
-    if col in ("from_offset", "to_offset", "redelivery_estimate", "check_times") and text.lstrip("-").isdigit():
+    if col in TIME_COLUMNS and text.isdigit():
+        return _cell(col, int(text))
+    if (
+        col
+        in ("from_offset", "to_offset", "redelivery_estimate", "check_times", "lag", "duplicates_estimate", "skipped")
+        and text.lstrip("-").isdigit()
+    ):
         return f'<td class="num" data-v="{text}">{int(text):,}</td>'
     if col in ("detail", "observed_value", "unexpected_sample", "kwargs"):
         text = _compact_json(text)

@@ -36,9 +36,15 @@ from jobs.reconcile import latest_as_of
 from jobs.session import build_session
 from schemas.bronze import BRONZE
 from schemas.quality import DQ_RESULTS, Expectation, Suite, suites
-from schemas.reconciled import OFFSET_COMMITS, TXN_LIFECYCLE
+from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, TXN_LIFECYCLE
 from schemas.spark import to_struct
-from transforms.quality import commit_references, lifecycle_totals, op_references, rows_sharing_keys
+from transforms.quality import (
+    commit_references,
+    group_findings,
+    lifecycle_totals,
+    op_references,
+    rows_sharing_keys,
+)
 
 # GE sends usage statistics unless told not to; this machine's network is closed to them.
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
@@ -180,15 +186,17 @@ def _cross_batches(spark: SparkSession, config: Config, cross: list[Suite], outc
     names = {s: config.table(BRONZE[s].name) for s in BRONZE} | {
         "lifecycle": config.table(TXN_LIFECYCLE.name),
         "offset_commits": config.table(OFFSET_COMMITS.name),
+        "anomalies": config.table(ANOMALIES.name),
     }
     if not all(spark.catalog.tableExists(t) for t in names.values()):
-        outcome.skipped += [(s.name, "needs bronze, txn_lifecycle and offset_commits") for s in cross]
+        outcome.skipped += [(s.name, "needs bronze, txn_lifecycle, offset_commits and anomalies") for s in cross]
         return []
     t = {k: spark.table(v) for k, v in names.items()}
     as_of = latest_as_of(spark, config)
     views = {
         "op_references": op_references(t["op"], t["half"]),
         "commit_references": commit_references(t["real"], t["half"]),
+        "group_findings": group_findings(t["anomalies"]),
     }
     if as_of is not None:
         views["lifecycle_totals"] = lifecycle_totals(

@@ -42,6 +42,7 @@ from schemas.model import Schema
 from schemas.reconciled import ANOMALIES, LIFECYCLE_STATS_COLUMNS, OFFSET_COMMITS, RECONCILE_RUNS, TXN_LIFECYCLE
 from schemas.spark import to_struct
 from transforms.anomalies import OFFSET_KEY, all_anomalies, offset_commits, offset_regressions, transaction_anomalies
+from transforms.consumers import GROUP_TYPES, group_anomalies
 from transforms.frames import union_all
 from transforms.lifecycle import ID, Rules, facts, lifecycle, resolutions, resolved_offsets, up_to
 from transforms.scope import facts_of, touched_queues, touched_transactions
@@ -55,7 +56,11 @@ def _progress(message: str, *args: object) -> None:
     log.info("  " + message + " (%.1f s)", *args, time.perf_counter() - _clock["started"])
 
 
+# The streams reconcile follows version by version; consumer snapshots are small and always read whole.
 TIME = {"half": "store_timestamp", "op": "store_timestamp", "real": "store_timestamp", "offset": "commit_timestamp"}
+SNAPSHOT_TIME = "snapshot_ts"
+# Anomaly types every run recomputes whole, whatever changed.
+WHOLE_TYPES = ("OFFSET_REGRESSION", *GROUP_TYPES)
 OUTPUTS = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES)
 # Bronze history entries that only add rows (or move them without changing data).
 APPEND_ONLY = {"WRITE": "Append", "OPTIMIZE": None, "CREATE TABLE": None, "SET TBLPROPERTIES": None}
@@ -140,7 +145,7 @@ def read_bronze(spark: SparkSession, config: Config) -> Bronze:
         raise TxnReconError(f"no bronze tables yet ({', '.join(missing)}); run `txn-recon ingest` first")
     versions = {s: table_version(spark, t) for s, t in tables.items()}
     frames = {s: spark.sql(f"SELECT * FROM {t} VERSION AS OF {versions[s]}") for s, t in tables.items()}
-    return Bronze(tables, versions, frames)
+    return Bronze({s: tables[s] for s in TIME}, {s: versions[s] for s in TIME}, frames)
 
 
 def table_version(spark: SparkSession, table: str) -> int:
@@ -148,8 +153,9 @@ def table_version(spark: SparkSession, table: str) -> int:
 
 
 def latest_event(bronze: dict[str, DataFrame]) -> int | None:
-    """The default as_of: the largest store_timestamp / commit_timestamp in bronze."""
+    """The default as_of: the largest store, commit or snapshot time in bronze."""
     parts = [bronze[s].agg(F.max(TIME[s]).alias("t")) for s in TIME]
+    parts.append(bronze["consumer"].agg(F.max(SNAPSHOT_TIME).alias("t")))
     value = union_all(parts).agg(F.max("t")).collect()[0][0]
     return int(value) if value is not None else None
 
@@ -224,11 +230,18 @@ def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[st
     half, op, real, offset = (frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
     life = facts(half, resolutions(half, resolved_offsets(op)), real).transform(lifecycle(as_of, rules))
     commits_df = offset_commits(offset)
+    groups = group_anomalies(snapshots_up_to(frames, as_of), commits_df, real, as_of, rules.stranded_after_ms)
     return {
         TXN_LIFECYCLE.name: life,
         OFFSET_COMMITS.name: commits_df,
-        ANOMALIES.name: all_anomalies(life, commits_df, real, as_of, rules),
+        ANOMALIES.name: all_anomalies(life, commits_df, real, as_of, rules).unionByName(groups),
     }
+
+
+def snapshots_up_to(frames: dict[str, DataFrame], as_of: int) -> DataFrame:
+    """The consumer snapshots up to `as_of`, checkpointed: they are small, and the group rules read them
+    in a dozen places (from the Delta table, that took twice as long)."""
+    return frames["consumer"].transform(up_to(as_of, SNAPSHOT_TIME)).localCheckpoint()
 
 
 def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, rules: Rules, reason: str) -> Written:
@@ -268,8 +281,11 @@ def incremental(
     commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).localCheckpoint()
     kept = _as_left(spark, config, OFFSET_COMMITS, last).join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
     every_commit = union_all([kept.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
-    found = transaction_anomalies(life, as_of, rules).unionByName(
-        every_commit.transform(offset_regressions(real, as_of))
+    snapshots = snapshots_up_to(bronze.frames, as_of)
+    found = (
+        transaction_anomalies(life, as_of, rules)
+        .unionByName(every_commit.transform(offset_regressions(real, as_of)))
+        .unionByName(group_anomalies(snapshots, every_commit, real, as_of, rules.stranded_after_ms))
     )
     merge_anomalies(spark, config, found, as_of, scope=keys)
     _progress("anomalies merged")
@@ -330,7 +346,7 @@ def merge_anomalies(
     spark: SparkSession, config: Config, found: DataFrame, as_of: int, scope: DataFrame | None = None
 ) -> None:
     """Upsert by anomaly_id and leave unchanged rows untouched; delete what no longer holds. With `scope`
-    (the recomputed transactions; regressions are always recomputed), only rows in scope can go, and
+    (the recomputed transactions; WHOLE_TYPES are always recomputed), only rows in scope can go, and
     the rows outside it take the new as_of, as a full run would give them."""
     table = config.table(ANOMALIES.name)
     columns: dict[str, str | Column] = {c: f"s.{c}" for c in ANOMALIES.names}
@@ -349,9 +365,8 @@ def merge_anomalies(
     try:
         existing = spark.table(table)
         in_scope = union_all([
-            existing.where(F.col("anomaly_type") != "OFFSET_REGRESSION").join(F.broadcast(scope), on=ID,
-                                                                              how="left_semi"),
-            existing.where(F.col("anomaly_type") == "OFFSET_REGRESSION"),
+            existing.where(~F.col("anomaly_type").isin(*WHOLE_TYPES)).join(F.broadcast(scope), on=ID, how="left_semi"),
+            existing.where(F.col("anomaly_type").isin(*WHOLE_TYPES)),
         ])  # fmt: skip
         gone = in_scope.join(found.select("anomaly_id"), on="anomaly_id", how="left_anti")
         source = found.withColumn("_gone", F.lit(False)).unionByName(gone.withColumn("_gone", F.lit(True)))

@@ -27,6 +27,7 @@ from jobs.errors import TxnReconError
 from jobs.lock import warehouse_lock
 from jobs.reconcile import latest_as_of
 from jobs.session import build_session
+from transforms.consumers import holders, snapshots
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ def write_page(path: Path, data: dict[str, Any]) -> Path:
 
 def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
     """Everything the dashboard shows, as plain Python values."""
-    names = ("txn_lifecycle", "anomalies", "dq_results", "ingest_runs", "reconcile_runs", "collect_runs")
+    names = ("txn_lifecycle", "anomalies", "dq_results", "ingest_runs", "reconcile_runs", "collect_runs",
+             "consumer_events")  # fmt: skip
     t = {n: spark.table(config.table(n)) for n in names if spark.catalog.tableExists(config.table(n))}
     if "txn_lifecycle" not in t or "anomalies" not in t:
         raise TxnReconError("no reconciled tables yet; run `txn-recon reconcile` (or `txn-recon run`) first")
@@ -90,6 +92,7 @@ def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
             "anomalies_over_time": anomalies,
         }
         data |= _anomaly_tables(keyed, data["anomaly_counts"])
+        data |= _group_findings(keyed, data["anomaly_counts"])
         data["op_lag"] = _op_lag(life)
     finally:
         keyed.unpersist()
@@ -97,6 +100,7 @@ def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
     data["ingest_runs"] = _ingest_runs(t.get("ingest_runs"))
     data["reconcile_runs"] = _reconcile_runs(t.get("reconcile_runs"))
     data["collect_runs"] = _collect_runs(t.get("collect_runs"))
+    data |= _groups(t.get("consumer_events"))
     return data
 
 
@@ -131,6 +135,69 @@ def _anomaly_tables(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
         "rechecked_total": counts.get("RECHECKED_AFTER_RESOLUTION", 0),
         "regressions": _rows(regressions.orderBy(*by_queue), regression_columns, ROWS),
         "regressions_total": counts.get("OFFSET_REGRESSION", 0),
+    }
+
+
+def _group_findings(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
+    """The consumer-group findings: conflicts, stranded queues, expected duplicates at hand-offs, jumps."""
+    kind, latest = F.col("anomaly_type"), (F.desc("event_ts"), "anomaly_id")
+    by_type: dict[str, tuple[str, list[str | Column]]] = {
+        "conflicts": ("SUBSCRIPTION_CONFLICT", ["consumer_group", "broker_name", "event_ts", _detail("until"),
+                                                _detail("ongoing"), _detail("broker_table"), _detail("members")]),
+        "stranded": ("STRANDED_QUEUE", ["consumer_group", "topic", "queue_id", "broker_name", _detail("lag"),
+                                        _detail("cause"), "event_ts", _detail("until"), _detail("ongoing")]),
+        "handoffs": ("REDELIVERY_AT_HANDOFF", ["consumer_group", "topic", "queue_id", "broker_name", "event_ts",
+                                               _detail("old_holder"), _detail("new_holders"), _detail("from_offset"),
+                                               _detail("to_offset"), _detail("duplicates_estimate"),
+                                               _detail("old_holder_gone")]),
+        "jumps": ("OFFSET_JUMP", ["consumer_group", "topic", "queue_id", "broker_name", "event_ts",
+                                  _detail("from_offset"), _detail("to_offset"), _detail("skipped")]),
+    }  # fmt: skip
+    out: dict[str, Any] = {}
+    for name, (anomaly_type, columns) in by_type.items():
+        found = keyed.where(kind == anomaly_type)
+        out[name] = _rows(found.orderBy(*latest), [*columns, "anomaly_id"], ROWS)
+        out[f"{name}_total"] = counts.get(anomaly_type, 0)
+    estimate = F.get_json_object("detail", "$.duplicates_estimate").cast("long")
+    out["expected_duplicates"] = keyed.where(kind == "REDELIVERY_AT_HANDOFF").agg(F.sum(estimate)).collect()[0][0] or 0
+    return out
+
+
+def _groups(consumer: DataFrame | None) -> dict[str, Any]:
+    """Members and subscriptions at each group's latest snapshot, and who held each queue when."""
+    if consumer is None:
+        return {"members": [], "ownership": [], "ownership_total": 0}
+    latest = consumer.withColumn("_latest", F.max("snapshot_ts").over(Window.partitionBy("consumer_group")))
+    now = latest.where(F.col("snapshot_ts") == F.col("_latest"))
+    subs = F.concat_ws(" ", "topic", F.coalesce("expression", F.lit("")))
+    members = (
+        now.groupBy("consumer_group", F.coalesce("client_id", F.concat(F.lit("(table of "), "broker_name",
+                                                                        F.lit(")"))).alias("member"))
+        .agg(F.concat_ws(", ", F.sort_array(F.collect_set(F.when(F.col("kind") == "subscription", subs))))
+             .alias("subscriptions"),
+             F.count(F.when(F.col("kind") == "queue", 1)).alias("queues_held"),
+             F.max("snapshot_ts").alias("snapshot_ts"))
+        .orderBy("consumer_group", "member")
+    )  # fmt: skip
+    held = holders(consumer)
+    snaps = snapshots(consumer).select("consumer_group", "snapshot_ts", "k")
+    queue = ["consumer_group", "topic", "broker_name", "queue_id"]
+    runs = held.join(snaps, on=["consumer_group", "snapshot_ts"]).withColumn(
+        "_run", F.col("k") - F.row_number().over(Window.partitionBy(*queue, "client_id").orderBy("k"))
+    )
+    ownership = (
+        runs.groupBy(*queue, "client_id", "_run")
+        .agg(
+            F.min("snapshot_ts").alias("from_ts"),
+            F.max("snapshot_ts").alias("to_ts"),
+            F.count(F.lit(1)).alias("snapshots"),
+        )
+        .drop("_run")
+    )
+    return {
+        "members": _rows(members, members.columns, ROWS),
+        "ownership": _rows(ownership.orderBy(*queue, "from_ts"), ownership.columns, ROWS),
+        "ownership_total": ownership.count(),
     }
 
 

@@ -18,6 +18,7 @@ from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.session import build_session
 from schemas.reconciled import ANOMALIES
+from schemas.truth import truth_key
 
 Key = tuple[Any, ...]
 SHOWN = 20  # keys listed per type and direction
@@ -38,12 +39,6 @@ def run(args: argparse.Namespace, config: Config) -> int:
     scores = score(expected, found)
     print(report(scores))
     return 0 if all(s.perfect for s in scores.values()) else 1
-
-
-def truth_key(a: dict[str, Any]) -> Key:
-    if a["anomaly_type"] == "OFFSET_REGRESSION":
-        return (a["broker_name"], a["consumer_group"], a["topic"], a["queue_id"], a["commit_timestamp"], a["seq"])
-    return (a["broker_name"], a["uniq_key"], a["reason"])
 
 
 def read_truth(truth_dir: Path) -> tuple[dict[str, set[Key]], int]:
@@ -71,12 +66,7 @@ def found_keys(rows: Iterable[dict[str, Any]]) -> dict[str, set[Key]]:
     """Anomaly rows (the anomalies table's columns) keyed the way the truth is."""
     found: dict[str, set[Key]] = {}
     for r in rows:
-        if r["anomaly_type"] == "OFFSET_REGRESSION":
-            seq = json.loads(r["detail"]).get("seq")
-            key: Key = (r["broker_name"], r["consumer_group"], r["topic"], r["queue_id"], r["event_ts"], seq)
-        else:
-            key = (r["broker_name"], r["uniq_key"], r["reason"])
-        found.setdefault(r["anomaly_type"], set()).add(key)
+        found.setdefault(r["anomaly_type"], set()).add(truth_key({**r, "detail": json.loads(r["detail"])}))
     return found
 
 

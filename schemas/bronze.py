@@ -11,12 +11,13 @@ BOOKKEEPING = (
     Field("_run_id", "string"),
 )
 
-# Natural keys (DESIGN §1); an offset commit has none, so the whole record is its key.
+# Natural keys (DESIGN §1); an offset commit or a snapshot row has none, so the whole record is its key.
 KEYS = {
     "half": ("broker_name", "queue_id", "queue_offset"),
     "op": ("broker_name", "queue_id", "queue_offset"),
     "real": ("broker_name", "topic", "queue_id", "queue_offset"),
     "offset": ("_record_hash",),
+    "consumer": ("_record_hash",),
 }
 
 BRONZE = {
@@ -29,6 +30,7 @@ CLUSTER_BY = {
     "op": ("broker_name", "store_timestamp"),
     "real": ("broker_name", "store_timestamp"),
     "offset": ("broker_name", "commit_timestamp"),
+    "consumer": ("consumer_group", "snapshot_ts"),
 }
 
 # The columns Delta keeps file statistics for: key, clustering and time; nothing filters bronze by others.

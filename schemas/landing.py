@@ -1,6 +1,7 @@
 """Landing-file records, one schema per stream (DESIGN §1).
 
-Times are epoch milliseconds. A nullable field may be absent or null in a landing file.
+Times are epoch milliseconds. A nullable field may be absent or null in a landing file, unless its
+`required_when` holds for the record (a consumer snapshot's queue row needs its client, broker and queue).
 """
 
 from schemas.model import Field, Schema
@@ -76,4 +77,21 @@ OFFSET = Schema(
     ),
 )
 
-LANDING = {s.name: s for s in (HALF, OP, REAL, OFFSET)}
+CONSUMER = Schema(
+    "consumer",
+    (
+        Field("snapshot_ts", "long", doc="when the group was looked at; one snapshot holds all its rows"),
+        Field("consumer_group", "string"),
+        Field("kind", "string", doc="subscription (a client's, or with no client_id the broker's table) or queue"),
+        Field("client_id", "string", nullable=True, required_when=(("kind", "queue"),),
+              doc="null: the subscription table broker_name keeps"),
+        Field("topic", "string"),
+        Field("expression", "string", nullable=True, doc="subscription: the tag expression, e.g. * or TagA || TagB"),
+        Field("broker_name", "string", nullable=True, required_when=(("kind", "queue"), ("client_id", None)),
+              doc="queue: its broker; broker table: the broker keeping it"),
+        Field("queue_id", "int", nullable=True, required_when=(("kind", "queue"),)),
+        Field("offset", "long", nullable=True, doc="queue: the in-memory offset, next to consume (null: none yet)"),
+    ),
+)  # fmt: skip
+
+LANDING = {s.name: s for s in (HALF, OP, REAL, OFFSET, CONSUMER)}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # The logical types a field may have; each engine module maps every one of them.
 TYPES = ("string", "int", "long", "boolean", "double", "timestamp", "strings")  # strings: a list of strings
@@ -14,10 +16,24 @@ class Field:
     type: str
     nullable: bool = False
     doc: str = ""
+    # A nullable field some records still need: (field, value) pairs, any of which makes it required;
+    # value None means that field is null or absent.
+    required_when: tuple[tuple[str, str | None], ...] = ()
 
     def __post_init__(self) -> None:
         if self.type not in TYPES:
             raise ValueError(f"field {self.name!r}: unknown type {self.type!r}; expected one of {TYPES}")
+        if self.required_when and not self.nullable:
+            raise ValueError(f"field {self.name!r}: required_when only makes sense on a nullable field")
+
+    def required_in(self, record: Mapping[str, Any]) -> bool:
+        """Whether `record` must give this field."""
+        return not self.nullable or any(record.get(k) == v for k, v in self.required_when)
+
+    @property
+    def required_when_text(self) -> str:
+        """The condition in words, for error messages and docs."""
+        return " or ".join(f"{k} is {'null' if v is None else v}" for k, v in self.required_when)
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,10 @@ STATES = ("COMMITTED", "ROLLED_BACK", "DISCARDED", "PENDING")
 DISCARD_REASONS = ("MAX_CHECKS", "EXPIRED")
 ANOMALY_TYPES = (
     "STUCK_HALF", "DISCARDED_AFTER_MAX_CHECKS", "DISCARDED_EXPIRED", "ORPHANED_COMMIT", "DUPLICATE_COMMIT",
-    "RECHECKED_AFTER_RESOLUTION", "OFFSET_REGRESSION",
+    "RECHECKED_AFTER_RESOLUTION", "OFFSET_REGRESSION", "SUBSCRIPTION_CONFLICT", "STRANDED_QUEUE",
+    "REDELIVERY_AT_HANDOFF", "OFFSET_JUMP",
 )  # fmt: skip
+SNAPSHOT_KINDS = ("subscription", "queue")
 ANOMALY_REASONS = ("NO_HALF", "NO_OP", "AFTER_DISCARD", "OFFSET_MISMATCH", *DISCARD_REASONS)
 # An op body lists half offsets: "17" (<= 5.0) or "17,18,20," (5.1+).
 OP_BODY = r"^[0-9]+(,[0-9]+)*,?$"
@@ -90,12 +92,13 @@ def _problems(what: str) -> Expectation:
 
 def suites(check_max: int) -> tuple[Suite, ...]:
     """Every suite, in the order they run. `check_max` is the broker's transactionCheckMax."""
-    half, op, real, offset = (BRONZE[s] for s in ("half", "op", "real", "offset"))
+    half, op, real, offset, consumer = (BRONZE[s] for s in ("half", "op", "real", "offset", "consumer"))
     in_set = "column_values_to_be_in_set"
     op_body = (
         _e(in_set, column="tag", value_set=["d"]),
         _e("column_values_to_match_regex", column="body", regex=OP_BODY),
     )
+    snapshot_rows = (_e(in_set, column="kind", value_set=list(SNAPSHOT_KINDS)),)
     lifecycle = (
         _e(in_set, column="state", value_set=list(STATES)),
         _e(in_set, column="reason", value_set=list(DISCARD_REASONS)),
@@ -113,12 +116,22 @@ def suites(check_max: int) -> tuple[Suite, ...]:
         Suite(op.name, "bronze", contract(op) + op_body, op.key),
         Suite(real.name, "bronze", contract(real), real.key),
         Suite(offset.name, "bronze", contract(offset), offset.key),
+        Suite(consumer.name, "bronze", contract(consumer) + snapshot_rows, consumer.key),
         Suite(TXN_LIFECYCLE.name, "silver", contract(TXN_LIFECYCLE) + lifecycle),
         Suite(OFFSET_COMMITS.name, "silver", contract(OFFSET_COMMITS)),
         Suite(ANOMALIES.name, "gold", contract(ANOMALIES) + anomalies),
         Suite("op_references", "cross", (_problems("every half offset an op lists is a known half copy"),)),
         Suite("commit_references", "cross", (_problems("every commit's prepared offset is a half copy"),)),
         Suite("lifecycle_totals", "cross", (_problems("lifecycle counts add up to the half and real counts"),)),
+        Suite(
+            "group_findings",
+            "cross",
+            (
+                _problems(
+                    "a consumer-group finding names its group (and queue) and counts a positive lag, window or skip"
+                ),
+            ),
+        ),
     )
 
 

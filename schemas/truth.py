@@ -1,5 +1,7 @@
 """The ground truth the broker model writes beside a landing folder (DESIGN §3)."""
 
+from typing import Any
+
 from schemas.model import Field, Schema
 
 TRUTH_TRANSACTION = Schema(
@@ -22,3 +24,21 @@ TRUTH_TRANSACTION = Schema(
     ),
     key=("broker_name", "uniq_key"),
 )
+
+# Per anomaly type, the fields that identify a finding: of a truth record, or of an anomaly row with its
+# detail's fields; transaction findings go by TXN_KEY.
+QUEUE_KEY = ("broker_name", "consumer_group", "topic", "queue_id", "event_ts")
+KEY_FIELDS = {
+    "OFFSET_REGRESSION": (*QUEUE_KEY, "seq"),
+    "OFFSET_JUMP": (*QUEUE_KEY, "seq"),
+    "STRANDED_QUEUE": QUEUE_KEY,
+    "REDELIVERY_AT_HANDOFF": (*QUEUE_KEY, "old_holder"),
+    "SUBSCRIPTION_CONFLICT": ("broker_name", "consumer_group", "event_ts"),
+}
+TXN_KEY = ("broker_name", "uniq_key", "reason")
+
+
+def truth_key(a: dict[str, Any]) -> tuple[Any, ...]:
+    """The key a finding is scored by; `a` is a truth record or an anomaly row (detail fields merged in)."""
+    fields = {**a.get("detail", {}), **a} if isinstance(a.get("detail"), dict) else a
+    return tuple(fields.get(f) for f in KEY_FIELDS.get(a["anomaly_type"], TXN_KEY))

@@ -24,6 +24,8 @@ def problems(schema: Schema, record: dict[str, Any]) -> list[str]:
         if value is None:
             if not f.nullable:
                 out.append(f"missing required field {f.name!r}")
+            elif f.required_in(record):
+                out.append(f"missing field {f.name!r}, required when {f.required_when_text}")
         elif not _CHECKS[f.type](value):
             out.append(f"field {f.name!r} should be {f.type}, got {type(value).__name__} {value!r}")
     return out

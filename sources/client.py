@@ -174,10 +174,13 @@ def consumer_offsets(conn: Connection) -> str:
     return _ok(conn, conn.call(remoting.GET_ALL_CONSUMER_OFFSET), "its consumer offsets").body.decode("utf-8")
 
 
-def consumer_connections(conn: Connection, group: str) -> dict[str, Any]:
+def consumer_connections(conn: Connection, group: str) -> dict[str, Any] | None:
     """ConsumerConnection: `connectionSet` (clientId, clientAddr, language, version) and the broker's
-    `subscriptionTable` for the group (topic -> SubscriptionData), `consumeType`, `messageModel`."""
+    `subscriptionTable` for the group (topic -> SubscriptionData), `consumeType`, `messageModel`. None when
+    no member of the group is connected to this broker (CONSUMER_NOT_ONLINE)."""
     answer = conn.call(remoting.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": group})
+    if answer.code == remoting.CONSUMER_NOT_ONLINE:
+        return None
     return dict(_json(conn, _ok(conn, answer, f"the connections of group {group}"), "consumer connections"))
 
 

@@ -180,6 +180,15 @@ def test_bad_input_is_quarantined_with_reasons(spark: SparkSession, config: Conf
     (landing / "op" / "ops.jsonl").write_text("\n".join(json.dumps(r) for r in [
         _op(0, "1,2,"), _op(1, "1,x"), _op(2, "3"), _op(3, "")]) + "\n")  # fmt: skip
     (landing / "offset" / "empty.jsonl").write_text("")
+    snapshot = {"snapshot_ts": 1, "consumer_group": "g", "topic": "t"}
+    facts: list[dict[str, object]] = [
+        {"kind": "subscription", "client_id": "c1", "expression": "*"},  # a member's own: no broker
+        {"kind": "subscription", "broker_name": "b", "expression": "*"},  # the broker's table
+        {"kind": "queue", "client_id": "c1", "broker_name": "b", "queue_id": 0},  # no offset yet
+        {"kind": "subscription", "expression": "*"},  # a table, but whose?
+        {"kind": "queue", "client_id": "c1", "queue_id": 1, "offset": 4},
+    ]
+    (landing / "consumer" / "snap.jsonl").write_text("".join(json.dumps(snapshot | r) + "\n" for r in facts))
     with gzip.open(landing / "real" / "good.jsonl.gz", "wt") as f:
         f.write(json.dumps(GOOD_REAL) + "\n")
     whole = gzip.compress(("".join(json.dumps(dict(GOOD_REAL, queue_offset=i)) + "\n" for i in range(1, 400))).encode())
@@ -192,6 +201,7 @@ def test_bad_input_is_quarantined_with_reasons(spark: SparkSession, config: Conf
     assert (tallies["op"].inserted, tallies["op"].quarantined) == (2, 2)
     assert (tallies["real"].inserted, tallies["real"].files_failed) == (1, 1)
     assert (tallies["offset"].files, tallies["offset"].read) == (1, 0)
+    assert (tallies["consumer"].inserted, tallies["consumer"].quarantined) == (3, 2)
     assert rows(spark, cfg, "half") == sorted([GOOD_HALF, dict(GOOD_HALF, queue_offset=2, uniq_key="K2",
                                                                check_times=1)], key=json.dumps)  # fmt: skip
     assert rows(spark, cfg, "real") == [GOOD_REAL]
@@ -205,18 +215,19 @@ def test_bad_input_is_quarantined_with_reasons(spark: SparkSession, config: Conf
         ("half", "negative store_timestamp: -1"),
         ("op", "op body is not a list of offsets: 1,x"),
         ("op", "op body is not a list of offsets: "),
+        ("consumer", "missing field 'broker_name', required when kind is queue or client_id is null"),
     } < reasons
     unsupported = [r for s, r in reasons if s == "half" and r.startswith("unsupported file type")]
     assert len(unsupported) == 1
     assert ("real", "unreadable file: EOFException: Unexpected end of input stream") in reasons
-    assert len(reasons) == 9
+    assert len(reasons) == 10  # both consumer rows lack their broker
     failed = spark.table(cfg.table("ingest_files")).where("status = 'failed'").select("path").collect()
     assert sorted(Path(r["path"]).name for r in failed) == ["notes.txt", "truncated.jsonl.gz"]
 
     # Nothing changes on a rerun: the failed files are not retried until they change.
     again = ingest(spark, cfg, landing, "run-bad-2")
     assert all(t.files == 0 for t in again.values())
-    assert spark.table(cfg.table("quarantine")).count() == 9
+    assert spark.table(cfg.table("quarantine")).count() == 11
 
 
 def test_an_op_may_arrive_before_its_half(spark: SparkSession, config: Config, tmp_path: Path) -> None:

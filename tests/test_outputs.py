@@ -56,7 +56,7 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Shipped:
     code for expressions, as production does."""
     root = tmp_path_factory.mktemp("shipped")
     writer = LandingWriter(root / "landing", "jsonl", 5000)
-    summary = simulate(800, 3, dataclasses.replace(PROFILES["chaos"], txn_per_second=2.0), writer)
+    summary = simulate(800, 13, dataclasses.replace(PROFILES["chaos"], txn_per_second=2.0), writer)
     writer.close(summary, {})
     as_of = summary.as_of + HOUR
     # Spark's own expression code generation (FALLBACK), which the rest of the suite turns off.
@@ -120,6 +120,14 @@ def test_dashboard_renders_in_headless_chromium(shipped: Shipped, spark: SparkSe
         rechecked = {c.text for c in driver.find_elements(By.CSS_SELECTOR, "#rechecked td.key") if len(c.text) == 64}
         assert rechecked and rechecked == {a["anomaly_id"] for a in anomalies
                                            if a["anomaly_type"] == "RECHECKED_AFTER_RESOLUTION"}  # fmt: skip
+        # The consumer-group view: stranded queues and hand-offs by id, and the group members by client id.
+        for table, kind in (("stranded", "STRANDED_QUEUE"), ("handoffs", "REDELIVERY_AT_HANDOFF"),
+                            ("conflicts", "SUBSCRIPTION_CONFLICT")):  # fmt: skip
+            ids = {c.text for c in driver.find_elements(By.CSS_SELECTOR, f"#{table} td.key") if len(c.text) == 64}
+            assert ids and ids == {a["anomaly_id"] for a in anomalies if a["anomaly_type"] == kind}, table
+        members = {r["client_id"] for r in shipped.table(spark, "consumer_events") if r["client_id"]}
+        shown_members = {c.text for c in driver.find_elements(By.CSS_SELECTOR, "#group-members td")}
+        assert shown_members & members
         # Tables sort by a click on a header, then reverse on a second click.
         header = driver.find_element(By.XPATH, "//table[@id='discarded']//th[text()='event_ts']")
         column = [h.text for h in driver.find_elements(By.CSS_SELECTOR, "#discarded th")].index("event_ts")
@@ -168,8 +176,8 @@ def _readme_queries() -> list[str]:
 
 def test_readme_queries_run_as_written_in_spark_sql(shipped: Shipped, spark: SparkSession, tmp_path: Path) -> None:
     queries = _readme_queries()
-    assert len(queries) == 4
-    # One spark-sql process for all four (a JVM start each would be slow); a marker row separates them.
+    assert len(queries) == 7
+    # One spark-sql process for all of them (a JVM start each would be slow); a marker row separates them.
     script = "".join(f"SELECT 'query {i}';\n{q}" for i, q in enumerate(queries))
     (tmp_path / "queries.sql").write_text(script)
     # As in the README: `txn-recon spark-conf`, then the venv's spark-sql (it finds Spark through python3 on PATH).
@@ -192,7 +200,7 @@ def test_readme_queries_run_as_written_in_spark_sql(shipped: Shipped, spark: Spa
 
 
 def _expected(shipped: Shipped, spark: SparkSession) -> list[list[list[str]]]:
-    """The four answers computed in Python from the Delta tables, independently of the SQL."""
+    """The answers computed in Python from the Delta tables, independently of the SQL."""
     anomalies, life = shipped.table(spark, "anomalies"), shipped.table(spark, "txn_lifecycle")
 
     def detail(a: dict[str, Any], field: str) -> Any:
@@ -217,4 +225,27 @@ def _expected(shipped: Shipped, spark: SparkSession) -> list[list[list[str]]]:
         ([g, len(v), len({(a["topic"], a["queue_id"]) for a in v}), sum(detail(a, "redelivery_estimate") for a in v)]
          for g, v in groups.items()), key=lambda r: (-r[3], r[0]),
     )  # fmt: skip
-    return [[[str(v) for v in row] for row in rows] for rows in (stuck_rows, discard_rows, dup_rows, regression_rows)]
+    stranded = [a for a in anomalies if a["anomaly_type"] == "STRANDED_QUEUE"]
+    stranded_rows = sorted(([a["consumer_group"], a["topic"], a["queue_id"], a["broker_name"], detail(a, "lag"),
+                             detail(a, "cause"), round((detail(a, "until") - a["event_ts"]) / 60000, 1),
+                             str(detail(a, "ongoing")).lower()] for a in stranded),
+                           key=lambda r: (-r[4], r[0], r[1], r[2]))  # fmt: skip
+    counts = {"REDELIVERY_AT_HANDOFF": "duplicates_estimate", "OFFSET_REGRESSION": "redelivery_estimate",
+              "OFFSET_JUMP": "skipped"}  # fmt: skip
+    per_group: dict[str, list[int]] = {}
+    for a in anomalies:
+        if a["anomaly_type"] in counts:
+            sums = per_group.setdefault(a["consumer_group"], [0, 0, 0])
+            sums[list(counts).index(a["anomaly_type"])] += detail(a, counts[a["anomaly_type"]])
+    duplicate_rows = [[g, *v] for g, v in sorted(per_group.items(), key=lambda kv: (-(kv[1][0] + kv[1][1]), kv[0]))]
+    snapshot = shipped.table(spark, "consumer_events")
+    latest = {g: max(r["snapshot_ts"] for r in snapshot if r["consumer_group"] == g)
+              for g in {r["consumer_group"] for r in snapshot}}  # fmt: skip
+    subscribed: dict[tuple[str, str], set[str]] = {}
+    for r in snapshot:
+        if r["kind"] == "subscription" and r["snapshot_ts"] == latest[r["consumer_group"]]:
+            who = r["client_id"] or f"broker {r['broker_name']}"
+            subscribed.setdefault((r["consumer_group"], who), set()).add(f"{r['topic']} {r['expression']}")
+    member_rows = [[g, who, ", ".join(sorted(subs))] for (g, who), subs in sorted(subscribed.items())]
+    answers = (stuck_rows, discard_rows, dup_rows, regression_rows, stranded_rows, duplicate_rows, member_rows)
+    return [[[str(v) for v in row] for row in rows] for rows in answers]

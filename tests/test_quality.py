@@ -118,7 +118,7 @@ def test_clean_data_passes_and_broken_data_fails(
     }
     # Silver and gold did not change, so only bronze and the cross views ran.
     assert {r["suite"] for r in broken} == {"half_events", "op_events", "offset_events", "op_references",
-                                            "commit_references", "lifecycle_totals"}  # fmt: skip
+                                            "commit_references", "lifecycle_totals", "group_findings"}  # fmt: skip
     assert "FAILED  half_events" in out and "warning op_references" in out and "Data Docs:" in out
 
 

@@ -209,7 +209,8 @@ def test_pipeline_matches_what_the_broker_did(spark: SparkSession, scenario: Sce
     consumed = sum(r["messages"] for r in scenario.truth if r["kind"] == "consumed")
     finals = spark.table(cfg.table("real_events")).where("topic = 'TxnTopic'").count()
     life = {r["uniq_key"]: r for r in spark.table(cfg.table("txn_lifecycle")).collect()}
-    assert consumed == finals == sum(r["commit_count"] for r in life.values())
+    commits = sum(r["commit_count"] for r in life.values())
+    assert consumed == finals == commits, {"consumed": consumed, "stored in TxnTopic": finals, "commits": commits}
     # A discard comes after the last check copy: in the same pass, or a later one when a younger half stops
     # the walk first (seen: 9 ms and about 2 s on an idle machine, more under load). The model does the same.
     gaps = [r["discard_ts"] - r["last_copy_ts"] for r in life.values() if r["discard_ts"] is not None]

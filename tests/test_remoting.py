@@ -15,7 +15,10 @@ import pytest
 
 from jobs.collect import BrokerRun, BrokerState, _apply
 from jobs.landing_files import ENCODE, Stream
+from schemas.landing import CONSUMER
 from sources import client, offsets, remoting
+from sources import consumers as consumer_snapshot
+from sources.client import HeldQueue
 from sources.commitlog import Message, scan
 from sources.fastjson import FastjsonError, loads, object_key
 from sources.records import HALF_TOPIC, RECORD
@@ -143,6 +146,7 @@ def test_a_group_whose_members_subscribe_differently() -> None:
     overwritten. Each member holds its own topic's share of the queues (2 of 4, allocated over both
     members): the other two queues of each topic belong to a member that does not subscribe to it."""
     group = client.consumer_connections(Canned("consumer_connections"), "CG_CONFLICT")  # type: ignore[arg-type]
+    assert group is not None
     members = sorted(c["clientId"].split("@")[1] for c in group["connectionSet"])
     assert members == ["member-TopicA", "member-TopicB"] and group["messageModel"] == "CLUSTERING"
     assert sorted(group["subscriptionTable"]) == ["%RETRY%CG_CONFLICT", "TopicA"]
@@ -154,6 +158,28 @@ def test_a_group_whose_members_subscribe_differently() -> None:
     assert held["topicb"][0] == {"%RETRY%CG_CONFLICT", "TopicB"}
     assert held["topica"][1] == {("%RETRY%CG_CONFLICT", 0): 0, ("TopicA", 0): 5, ("TopicA", 1): 5}
     assert held["topicb"][1] == {("TopicB", 2): 5, ("TopicB", 3): 5}
+
+
+def test_the_conflict_as_consumer_landing_records() -> None:
+    """The captured answers as the `consumer` stream: each member's subscriptions and held queues, then the
+    table the broker kept; a queue being dropped is left out and an offset of -1 lands as null."""
+    group = client.consumer_connections(Canned("consumer_connections"), "CG_CONFLICT")  # type: ignore[arg-type]
+    assert group is not None
+    members = {cid: client.consumer_running_info(Canned(f"running_info_{cid.split('-')[-1].lower()}"),  # type: ignore[arg-type]
+                                                 "CG_CONFLICT", cid)
+               for cid in consumer_snapshot.client_ids(group)}  # fmt: skip
+    records = consumer_snapshot.snapshot_records(7, "CG_CONFLICT", {"broker-a": group}, members)
+    by_who = Counter((r[3] or "broker").split("@")[-1] + " " + r[2] for r in records)
+    assert by_who == {"member-TopicA subscription": 2, "member-TopicA queue": 3, "member-TopicB subscription": 2,
+                      "member-TopicB queue": 2, "broker subscription": 2}  # fmt: skip
+    assert all(len(r) == len(CONSUMER.names) and r[:2] == (7, "CG_CONFLICT") for r in records)
+    table = sorted((r[4], r[6]) for r in records if r[3] is None)
+    assert table == [("%RETRY%CG_CONFLICT", "broker-a"), ("TopicA", "broker-a")]
+    held = [HeldQueue("broker-a", "T", 0, -1, False), HeldQueue("broker-a", "T", 1, 4, True)]
+    [(_, _, kind, _, topic, _, broker, queue_id, offset)] = [
+        r for r in consumer_snapshot.snapshot_records(7, "g", {}, {"c": ([], held)}) if r[2] == "queue"
+    ]
+    assert (kind, topic, broker, queue_id, offset) == ("queue", "T", "broker-a", 0, None)
 
 
 def test_consumer_offsets_answer_holds_the_check_services_progress() -> None:

@@ -8,14 +8,14 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
-from schemas import HALF, LANDING, OFFSET, REAL
+from schemas import CONSUMER, HALF, LANDING, OFFSET, REAL
 from schemas.arrow import to_arrow
 from schemas.model import Field, Schema
 from schemas.spark import to_struct
 
 
 def test_landing_streams_and_keys() -> None:
-    assert set(LANDING) == {"half", "op", "real", "offset"}
+    assert set(LANDING) == {"half", "op", "real", "offset", "consumer"}
     assert HALF.key == ("broker_name", "queue_id", "queue_offset")
     assert REAL.key == ("broker_name", "topic", "queue_id", "queue_offset")
     assert "check_times" in HALF.names and HALF.field("check_times").nullable
@@ -83,3 +83,19 @@ def test_validate_names_every_problem() -> None:
         "field 'offset' should be long, got str '5'",
     ]
     assert problems(OFFSET, {}) == [f"missing required field {n!r}" for n in OFFSET.required]
+
+
+def test_a_field_can_be_required_by_the_record_it_is_in() -> None:
+    from schemas.validate import problems
+
+    table = {"snapshot_ts": 1, "consumer_group": "g", "kind": "subscription", "topic": "t"}
+    assert problems(CONSUMER, dict(table, client_id="c1")) == []  # a member's own subscription
+    whose = "missing field 'broker_name', required when kind is queue or client_id is null"
+    assert problems(CONSUMER, table) == [whose]  # the broker's table, but which broker's?
+    queue = dict(table, kind="queue", broker_name="b")
+    assert problems(CONSUMER, queue) == [
+        "missing field 'client_id', required when kind is queue",
+        "missing field 'queue_id', required when kind is queue",
+    ]
+    with pytest.raises(ValueError, match="required_when only makes sense on a nullable field"):
+        Field("a", "int", required_when=(("b", "x"),))

@@ -22,7 +22,7 @@ OFFSET_KEY = ["broker_name", "consumer_group", "topic", "queue_id"]
 REGRESSION = [*OFFSET_KEY, "commit_timestamp", "seq", "offset", "prev_offset", "client_id", "prev_client_id"]
 
 
-def _json(detail: Column) -> Column:
+def detail_json(detail: Column) -> Column:
     """A detail struct as a JSON object, null fields included (a null says something here)."""
     return F.to_json(detail, {"ignoreNullFields": "false"})
 
@@ -43,7 +43,7 @@ def findings(*found: Finding, as_of: int) -> Callable[[DataFrame], DataFrame]:
     hold for it, exploded, so the lifecycle is read once however many rules there are."""
     hits = F.array(*(
         F.when(f.holds, F.struct(f.kind.alias("anomaly_type"), f.reason.cast("string").alias("reason"),
-                                 f.event_ts.cast("bigint").alias("event_ts"), _json(f.detail).alias("detail")))
+                                 f.event_ts.cast("bigint").alias("event_ts"), detail_json(f.detail).alias("detail")))
         for f in found
     ))  # fmt: skip
 
@@ -165,7 +165,7 @@ def offset_regressions(real_df: DataFrame, as_of: int) -> Callable[[DataFrame], 
             F.sha2(key, 256).alias("anomaly_id"), F.lit("OFFSET_REGRESSION").alias("anomaly_type"),
             F.lit(None).cast("string").alias("reason"), "broker_name", F.lit(None).cast("string").alias("uniq_key"),
             "consumer_group", "topic", "queue_id", F.col("commit_timestamp").alias("event_ts"),
-            F.lit(as_of).alias("as_of"), _json(detail).alias("detail"),
+            F.lit(as_of).alias("as_of"), detail_json(detail).alias("detail"),
         )  # fmt: skip
 
     return transform
@@ -180,7 +180,7 @@ def transaction_anomalies(lifecycle_df: DataFrame, as_of: int, rules: Rules) -> 
 
 def all_anomalies(lifecycle_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int,
                   rules: Rules) -> DataFrame:  # fmt: skip
-    """Every finding of DESIGN §2 in one DataFrame."""
+    """The transaction findings and offset regressions of DESIGN §2 in one DataFrame."""
     return transaction_anomalies(lifecycle_df, as_of, rules).unionByName(
         offset_commits_df.transform(offset_regressions(real_df, as_of))
     )

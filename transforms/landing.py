@@ -8,6 +8,7 @@ against what bronze already holds: insert, duplicate (an exact repeat) or quaran
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -82,6 +83,11 @@ def _value_problems(schema: Schema, given: dict[str, Column]) -> Column:
         F.when(~given[f.name], F.lit(f"missing required field '{f.name}'")) for f in schema.fields if not f.nullable
     ]
     checks += [
+        F.when(~given[f.name] & _any_holds(f.required_when, given),
+               F.lit(f"missing field '{f.name}', required when {f.required_when_text}"))
+        for f in schema.fields if f.required_when
+    ]  # fmt: skip
+    checks += [
         F.when(F.col(f.name) < 0, F.concat(F.lit(f"negative {f.name}: "), F.col(f.name).cast("string")))
         for f in schema.fields if f.name in NON_NEGATIVE
     ]  # fmt: skip
@@ -89,6 +95,12 @@ def _value_problems(schema: Schema, given: dict[str, Column]) -> Column:
         checks.append(F.when(~F.col("body").rlike(OP_BODY),
                              F.concat(F.lit("op body is not a list of offsets: "), F.col("body"))))  # fmt: skip
     return _compact(checks)
+
+
+def _any_holds(conditions: tuple[tuple[str, str | None], ...], given: dict[str, Column]) -> Column:
+    """Whether any (field, value) condition holds; value None: the field is not given."""
+    holds = [~given[k] if v is None else F.coalesce(F.col(k) == v, F.lit(False)) for k, v in conditions]
+    return reduce(lambda a, b: a | b, holds)
 
 
 def _compact(messages: list[Column]) -> Column:

@@ -34,6 +34,7 @@ class Rules:
     file_reserved_hours: int = 72
     stuck_after_ms: int = 60000
     op_grace_ms: int = 10000
+    stranded_after_ms: int = 60000
 
 
 def up_to(as_of: int, time_col: str) -> Callable[[DataFrame], DataFrame]:

@@ -91,3 +91,22 @@ def lifecycle_totals(
     ])).alias("r")).select("r.*")  # fmt: skip
     problem = F.format_string("%s as of %d: %d in bronze, %d in silver", "check", F.lit(as_of), "bronze", "silver")
     return rows.withColumn("problem", F.when(F.col("bronze") != F.col("silver"), problem))
+
+
+GROUP_COUNTS = {"STRANDED_QUEUE": "lag", "REDELIVERY_AT_HANDOFF": "duplicates_estimate", "OFFSET_JUMP": "skipped"}
+
+
+def group_findings(anomalies_df: DataFrame) -> DataFrame:
+    """One row per consumer-group finding; a problem when it lacks its group, or (a queue finding) its queue,
+    or its count (lag, duplicates estimate, messages skipped) is not positive."""
+    found = anomalies_df.where(F.col("anomaly_type").isin("SUBSCRIPTION_CONFLICT", *GROUP_COUNTS))
+    count = F.coalesce(*[F.when(F.col("anomaly_type") == t, F.get_json_object("detail", f"$.{c}").cast("long"))
+                         for t, c in GROUP_COUNTS.items()])  # fmt: skip
+    queue_type = F.col("anomaly_type") != "SUBSCRIPTION_CONFLICT"
+    bad = (
+        F.when(F.col("consumer_group").isNull(), "no consumer group")
+        .when(queue_type & (F.col("topic").isNull() | F.col("queue_id").isNull()), "no queue")
+        .when(queue_type & ~F.coalesce(count > 0, F.lit(False)), "no positive count")
+    )
+    problem = F.format_string("%s %s: %s", "anomaly_type", "anomaly_id", bad)
+    return found.select("anomaly_id", "anomaly_type", F.when(bad.isNotNull(), problem).alias("problem"))

@@ -16,7 +16,7 @@ from broker.profiles import PROFILES, BrokerSettings, Profile
 from broker.simulation import Summary, simulate
 from broker.truth import Thresholds
 from schemas import LANDING
-from schemas.truth import TRUTH_TRANSACTION
+from schemas.truth import TRUTH_TRANSACTION, truth_key
 
 DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 
@@ -58,10 +58,7 @@ def truth_keys(run: Run) -> set[tuple[Any, ...]]:
 
 
 def _key(a: dict[str, Any]) -> tuple[Any, ...]:
-    if a["anomaly_type"] == "OFFSET_REGRESSION":
-        return ("OFFSET_REGRESSION", a["broker_name"], a["consumer_group"], a["topic"], a["queue_id"],
-                a["commit_timestamp"], a["seq"])  # fmt: skip
-    return (a["anomaly_type"], a["broker_name"], a["uniq_key"], a["reason"])
+    return (a["anomaly_type"], *truth_key(a))
 
 
 def reference_findings(
@@ -138,10 +135,78 @@ def reference_findings(
             states[k] = ("PENDING", None)
             if as_of - born >= thr.stuck_after_ms:
                 found.add(("STUCK_HALF", *k, None))
-    last_offset: dict[tuple[str, str, str, int], int] = {}
+    last_offset: dict[tuple[str, str, str, int], tuple[int, str | None]] = {}
     for o in sorted(records["offset"], key=lambda o: (o["commit_timestamp"], o.get("seq", 0))):
         q = (o["broker_name"], o["consumer_group"], o["topic"], o["queue_id"])
-        if q in last_offset and o["offset"] < last_offset[q]:
+        before = last_offset.get(q)
+        if before is not None and o["offset"] < before[0]:
             found.add(("OFFSET_REGRESSION", *q, o["commit_timestamp"], o.get("seq")))
-        last_offset[q] = o["offset"]
-    return states, found
+        if before is not None and o["offset"] > before[0] and before[1] and not o.get("client_id"):
+            found.add(("OFFSET_JUMP", *q, o["commit_timestamp"], o.get("seq")))
+        last_offset[q] = (o["offset"], o.get("client_id"))
+    return states, found | group_findings(records, thr)
+
+
+def group_findings(records: dict[str, list[dict[str, Any]]], thr: Thresholds) -> set[tuple[Any, ...]]:
+    """SUBSCRIPTION_CONFLICT, STRANDED_QUEUE and REDELIVERY_AT_HANDOFF keys by DESIGN §2, from the consumer
+    snapshots, offset commits and stored messages alone."""
+    snaps: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+    for r in records["consumer"]:
+        s = snaps[r["consumer_group"]].setdefault(r["snapshot_ts"], {"subs": defaultdict(set), "queues": [],
+                                                                     "tables": set()})  # fmt: skip
+        if r["kind"] == "queue":
+            s["queues"].append(r)
+        elif "client_id" in r:
+            s["subs"][r["client_id"]].add((r["topic"], r.get("expression")))
+        else:
+            s["tables"].add(r["broker_name"])
+    stored: dict[tuple[str, str, int], list[tuple[int, int]]] = defaultdict(list)
+    for r in records["real"]:
+        stored[(r["broker_name"], r["topic"], r["queue_id"])].append((r["store_timestamp"], r["queue_offset"]))
+    commits: dict[tuple[str, str, str, int], list[tuple[int, int, int]]] = defaultdict(list)
+    for o in records["offset"]:
+        key = (o["consumer_group"], o["broker_name"], o["topic"], o["queue_id"])
+        commits[key].append((o["commit_timestamp"], o.get("seq", 0), o["offset"]))
+
+    def end(q: tuple[str, str, int], ts: int) -> int:
+        return max((off + 1 for t, off in stored[q] if t <= ts), default=0)
+
+    def committed(group: str, q: tuple[str, str, int], ts: int) -> int:
+        done = [c for c in commits[(group, *q)] if c[0] <= ts]
+        return max(done)[2] if done else min((off for _, off in stored[q]), default=0)
+
+    found: set[tuple[Any, ...]] = set()
+    for group, by_ts in snaps.items():
+        conflict_since: int | None = None
+        brokers: set[str] = set()
+        stranded: dict[tuple[str, str, int], tuple[int, int]] = {}  # queue -> (since, until)
+        held_before: dict[tuple[tuple[str, str, int], str], int] = {}
+        before: int | None = None
+        episodes: list[tuple[tuple[str, str, int], tuple[int, int]]] = []
+        for ts in sorted(by_ts):
+            s = by_ts[ts]
+            if len({frozenset(v) for v in s["subs"].values()}) > 1:
+                conflict_since = ts if conflict_since is None else conflict_since
+                brokers |= s["tables"]
+            elif conflict_since is not None:
+                found |= {("SUBSCRIPTION_CONFLICT", b, group, conflict_since) for b in brokers}
+                conflict_since, brokers = None, set()
+            topics = {t for subs in s["subs"].values() for t, _ in subs}
+            held = {((r["broker_name"], r["topic"], r["queue_id"]), r["client_id"]): r["offset"] for r in s["queues"]
+                    if r["topic"] in {t for t, _ in s["subs"][r["client_id"]]}}  # fmt: skip
+            held_queues = {q for q, _ in held}
+            now = {q for q in stored
+                   if q[1] in topics and q not in held_queues and end(q, ts) > committed(group, q, ts)}  # fmt: skip
+            episodes += [(q, stranded.pop(q)) for q in [q for q in stranded if q not in now]]
+            for q in now:
+                stranded[q] = (stranded.get(q, (ts, ts))[0], ts)
+            for (q, client), offset in held_before.items():
+                if (q, client) not in held and before is not None and offset > committed(group, q, before):
+                    found.add(("REDELIVERY_AT_HANDOFF", q[0], group, q[1], q[2], ts, client))
+            held_before, before = held, ts
+        if conflict_since is not None:
+            found |= {("SUBSCRIPTION_CONFLICT", b, group, conflict_since) for b in brokers}
+        for q, (since, until) in episodes + list(stranded.items()):
+            if until - since >= thr.stranded_after_ms:
+                found.add(("STRANDED_QUEUE", q[0], group, q[1], q[2], since))
+    return found

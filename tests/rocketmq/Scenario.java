@@ -1,6 +1,9 @@
+import java.io.BufferedReader;
 import java.io.FileWriter;
 import java.io.IOException;
+import java.io.InputStreamReader;
 import java.io.PrintWriter;
+import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
@@ -9,6 +12,7 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 
 import org.apache.rocketmq.acl.common.AclClientRPCHook;
@@ -18,6 +22,7 @@ import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
 import org.apache.rocketmq.client.producer.LocalTransactionState;
+import org.apache.rocketmq.client.producer.SendResult;
 import org.apache.rocketmq.client.producer.TransactionListener;
 import org.apache.rocketmq.client.producer.TransactionMQProducer;
 import org.apache.rocketmq.client.producer.TransactionSendResult;
@@ -43,6 +48,13 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  * java Scenario bulk  NAMESRV OUT COUNT                         COUNT plain messages to BulkTopic, in batches
  * java Scenario conflict NAMESRV OUT SECONDS                    group CG_CONFLICT: one member on TopicA, one on
  *                                                                TopicB (the classic mistake), kept SECONDS
+ * java Scenario member NAMESRV OUT GROUP TOPIC NAME PERSIST_MS  one member of GROUP on TOPIC, persisting its
+ *                                                                offsets every PERSIST_MS, until it is killed or
+ *                                                                its stdin closes; every message it consumes is
+ *                                                                a line in OUT. A line "pause" on stdin: it stops
+ *                                                                pulling at the next message it consumes
+ * java Scenario send  NAMESRV OUT TOPIC COUNT [batched]         COUNT plain messages to TOPIC, keys TOPIC-n; batched:
+ *                                                                one batch per queue, stored at once
  * </pre>
  *
  * With -Dacl.accessKey=... -Dacl.secretKey=... every client signs its requests (AclClientRPCHook).
@@ -56,7 +68,7 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  * GONE: sent by a producer group that exits at once; nobody is left to check, the broker discards it.
  * SLOW_NO_CHECKER: the local transaction commits after 3.5 s; the application answers every check UNKNOW.
  * IMMUNITY: CHECK_IMMUNITY_TIME_IN_SECONDS=10, commits after 3.5 s; the broker's immunity copies stay open.
- * LATE_COMMIT: the local transaction outlives the discard (it waits for CHECK_MAX checks, then 4 intervals).
+ * LATE_COMMIT: the local transaction outlives the discard (it waits for the CHECK_MAX-th check, then 4 intervals).
  * YOUNG: UNKNOW, sent just before the store is read: still pending.
  */
 public final class Scenario {
@@ -75,6 +87,7 @@ public final class Scenario {
         volatile String local = "PENDING";  // what executeLocalTransaction answered
         volatile long localAt;
         volatile String decision = "PENDING";  // the application's table: what a check answers from
+        volatile int lastCheckTimes;  // TRANSACTION_CHECK_TIMES of the latest check: the broker's count
         final List<String> checks = new ArrayList<>();
 
         Txn(String fate, String group, String sender) {
@@ -111,7 +124,9 @@ public final class Scenario {
                         Thread.sleep(3500);
                         return local(t, decide(t, LocalTransactionState.COMMIT_MESSAGE));
                     case "LATE_COMMIT":
-                        while (checkCount(t) < checkMax) {
+                        // By the broker's count: a check sent to a member that was shutting down is lost, and
+                        // counts all the same (the broker numbers each check before it sends it).
+                        while (t.lastCheckTimes < checkMax) {
                             Thread.sleep(100);
                         }
                         Thread.sleep(checkIntervalMs * 4);
@@ -151,6 +166,7 @@ public final class Scenario {
                     answer = table(t);
             }
             synchronized (t) {
+                t.lastCheckTimes = Integer.parseInt(msg.getProperty("TRANSACTION_CHECK_TIMES"));
                 t.checks.add("{\"times\":" + msg.getProperty("TRANSACTION_CHECK_TIMES") + ",\"queue_offset\":"
                     + msg.getQueueOffset() + ",\"answer\":\"" + name(answer) + "\",\"at\":"
                     + System.currentTimeMillis() + ",\"by\":\"" + member + "\"}");
@@ -186,12 +202,6 @@ public final class Scenario {
     static String name(LocalTransactionState s) {
         return s == LocalTransactionState.COMMIT_MESSAGE ? "COMMIT"
             : s == LocalTransactionState.ROLLBACK_MESSAGE ? "ROLLBACK" : "UNKNOW";
-    }
-
-    static int checkCount(Txn t) {
-        synchronized (t) {
-            return t.checks.size();
-        }
     }
 
     static TransactionMQProducer producer(String namesrv, String group, String member) throws Exception {
@@ -274,13 +284,16 @@ public final class Scenario {
         DefaultMQPushConsumer member2 = consumer(namesrv, "member-2", seen2);  // a rebalance: two members
 
         slow.shutdown();
-        slow.awaitTermination(120, TimeUnit.SECONDS);
+        if (!slow.awaitTermination(120, TimeUnit.SECONDS)) {
+            throw new IOException("the slow transactions were still running after 120 s");
+        }
         // Settled: no check for long enough that every open copy has been checked CHECK_MAX times and
         // discarded, and every batched op is written.
         long quiet = (checkMax + 2) * checkIntervalMs + 6000;
         while (System.currentTimeMillis() - Math.max(LAST_CHECK.get(), lastDecision()) < quiet) {
             Thread.sleep(200);
         }
+        awaitDrained(namesrv, 60_000);
         member1.shutdown();
         member2.shutdown();
         main1.shutdown();
@@ -289,6 +302,16 @@ public final class Scenario {
         }
         out.println("{\"kind\":\"consumed\",\"member\":\"member-1\",\"messages\":" + sum(seen1) + "}");
         out.println("{\"kind\":\"consumed\",\"member\":\"member-2\",\"messages\":" + sum(seen2) + "}");
+    }
+
+    /** Until the group has consumed and committed all TxnTopic holds (a starved machine can take a while). */
+    static void awaitDrained(String namesrv, long timeoutMs) throws Exception {
+        DefaultMQAdminExt admin = admin(namesrv);
+        long deadline = System.currentTimeMillis() + timeoutMs;
+        while (admin.examineConsumeStats(GROUP).computeTotalDiff() > 0 && System.currentTimeMillis() < deadline) {
+            Thread.sleep(200);
+        }
+        admin.shutdown();
     }
 
     static long lastDecision() {
@@ -328,9 +351,11 @@ public final class Scenario {
         p.setNamesrvAddr(namesrv);
         p.setInstanceName("conflict");
         p.start();
+        Map<String, Integer> sent = new TreeMap<>();
         for (String topic : new String[] {"TopicA", "TopicB"}) {
             for (int i = 0; i < 20; i++) {
-                p.send(new Message(topic, "c", topic + "-" + i, new byte[10]));
+                SendResult r = p.send(new Message(topic, "c", topic + "-" + i, new byte[10]));
+                sent.merge(topic + ":" + r.getMessageQueue().getQueueId(), 1, Integer::sum);
             }
         }
         Map<String, Integer> seen = new ConcurrentHashMap<>();
@@ -343,7 +368,7 @@ public final class Scenario {
             c.subscribe(topic, "*");
             c.registerMessageListener((MessageListenerConcurrently) (msgs, ctx) -> {
                 for (MessageExt m : msgs) {
-                    seen.merge(m.getTopic(), 1, Integer::sum);
+                    seen.merge(m.getTopic() + ":" + m.getQueueId(), 1, Integer::sum);
                 }
                 return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
             });
@@ -351,11 +376,84 @@ public final class Scenario {
             members.add(c);
         }
         Thread.sleep(seconds * 1000L);
-        out.println("{\"kind\":\"conflict\",\"consumed\":" + new TreeMap<>(seen).toString().replace("=", "\":")
-            .replace("{", "{\"").replace(", ", ",\"") + "}");
+        out.println("{\"kind\":\"conflict\",\"sent\":" + json(sent) + ",\"consumed\":" + json(seen) + "}");
         for (DefaultMQPushConsumer c : members) {
             c.shutdown();
         }
+        p.shutdown();
+    }
+
+    /** A map of counts as a JSON object. */
+    static String json(Map<String, Integer> counts) {
+        StringBuilder b = new StringBuilder("{");
+        for (Map.Entry<String, Integer> e : new TreeMap<>(counts).entrySet()) {
+            b.append(b.length() > 1 ? "," : "").append('"').append(e.getKey()).append("\":").append(e.getValue());
+        }
+        return b.append('}').toString();
+    }
+
+    /** A member that writes each message it consumes at once (it may be killed at any moment). */
+    static void member(String namesrv, PrintWriter out, String group, String topic, String name, int persistMs)
+            throws Exception {
+        DefaultMQPushConsumer c = new DefaultMQPushConsumer(group, aclHook());
+        c.setNamesrvAddr(namesrv);
+        c.setInstanceName(name);
+        c.setPersistConsumerOffsetInterval(persistMs);
+        c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        c.subscribe(topic, "*");
+        AtomicBoolean pauseAtNext = new AtomicBoolean();
+        c.registerMessageListener((MessageListenerConcurrently) (msgs, ctx) -> {
+            synchronized (out) {
+                // Each pull carries the in-memory offset to the broker, which commits it: a member that pulls
+                // no more keeps what it consumes from now on uncommitted, however long it lives.
+                if (pauseAtNext.getAndSet(false)) {
+                    c.suspend();
+                    out.println("{\"kind\":\"paused\",\"member\":\"" + name + "\"}");
+                }
+                for (MessageExt m : msgs) {
+                    out.println("{\"kind\":\"consumed\",\"member\":\"" + name + "\",\"key\":\"" + m.getKeys()
+                        + "\",\"queue_id\":" + m.getQueueId() + ",\"queue_offset\":" + m.getQueueOffset() + "}");
+                }
+                out.flush();
+            }
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+        });
+        c.start();
+        synchronized (out) {
+            out.println("{\"kind\":\"member\",\"member\":\"" + name + "\",\"client_id\":\"" + c.buildMQClientId()
+                + "\"}");
+            out.flush();
+        }
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        for (String line = in.readLine(); line != null; line = in.readLine()) {
+            if (!line.equals("pause")) {
+                throw new IOException("unknown command " + line);
+            }
+            pauseAtNext.set(true);
+        }
+    }
+
+    static void sendPlain(String namesrv, PrintWriter out, String topic, int count, boolean batched) throws Exception {
+        DefaultMQProducer p = new DefaultMQProducer("PG_" + topic, aclHook());
+        p.setNamesrvAddr(namesrv);
+        p.setInstanceName("send-" + topic);
+        p.start();
+        if (batched) {
+            List<MessageQueue> queues = p.fetchPublishMessageQueues(topic);
+            int n = 0;
+            for (MessageQueue mq : queues) {
+                List<Message> batch = new ArrayList<>();
+                for (int i = 0; i < count / queues.size(); i++, n++) {
+                    batch.add(new Message(topic, "s", topic + "-b" + n, new byte[10]));
+                }
+                p.send(batch, mq);
+            }
+        } else {
+            for (int i = 0; i < count; i++) {
+                p.send(new Message(topic, "s", topic + "-" + i, new byte[10]));
+            }
+        }
+        out.println("{\"kind\":\"sent\",\"topic\":\"" + topic + "\",\"messages\":" + count + "}");
         p.shutdown();
     }
 
@@ -419,6 +517,12 @@ public final class Scenario {
                     break;
                 case "conflict":
                     conflict(args[1], out, Integer.parseInt(args[3]));
+                    break;
+                case "member":
+                    member(args[1], out, args[3], args[4], args[5], Integer.parseInt(args[6]));
+                    break;
+                case "send":
+                    sendPlain(args[1], out, args[3], Integer.parseInt(args[4]), args.length > 5);
                     break;
                 default:
                     throw new IOException("unknown phase " + args[0]);

@@ -1,0 +1,143 @@
+"""The consumer-group rules on tiny hand-written snapshots (chispa), one edge case at a time.
+
+Snapshots are 10 s apart from T; broker b has topic t (queues 0 and 1) and topic u (queue 0).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import DataFrame, SparkSession
+
+from schemas.landing import CONSUMER
+from schemas.spark import to_struct
+from transforms.anomalies import offset_commits
+from transforms.consumers import offset_jumps, redeliveries, stranded_queues, subscription_conflicts
+
+pytestmark = pytest.mark.spark
+T = 1_000_000
+AS_OF = T + 1_000_000
+OFFSET = ("broker_name string, consumer_group string, topic string, queue_id int, offset long, "
+          "commit_timestamp long, client_id string, seq long")  # fmt: skip
+REAL = "broker_name string, topic string, queue_id int, queue_offset long, store_timestamp long"
+
+
+def sub(k: int, client: str | None, topic: str, expression: str = "*", broker: str | None = None) -> tuple[Any, ...]:
+    """A subscription row at snapshot k: a member's (client) or broker's table (client None)."""
+    return (T + 10_000 * k, "g", "subscription", client, topic, expression, broker, None, None)
+
+
+def held(k: int, client: str, topic: str, queue_id: int, offset: int) -> tuple[Any, ...]:
+    return (T + 10_000 * k, "g", "queue", client, topic, None, "b", queue_id, offset)
+
+
+def frames(spark: SparkSession, snapshot: list[Any], commits: list[Any], stored: dict[tuple[str, int], int]
+           ) -> tuple[DataFrame, DataFrame, DataFrame]:  # fmt: skip
+    """Snapshot rows; commits (topic, queue, offset, time, client, seq); messages 0..n-1 per queue, stored at T."""
+    cons = spark.createDataFrame(snapshot, to_struct(CONSUMER))
+    offsets = spark.createDataFrame([("b", "g", *c) for c in commits], OFFSET)
+    real = spark.createDataFrame([("b", t, q, o, T) for (t, q), n in stored.items() for o in range(n)], REAL)
+    return cons, offset_commits(offsets), real
+
+
+def found(df: DataFrame) -> list[tuple[Any, ...]]:
+    return sorted((r["anomaly_type"], r["topic"], r["queue_id"], r["event_ts"], json.loads(r["detail"]))
+                  for r in df.collect())  # fmt: skip
+
+
+def agreeing(k: int, t_owner: str = "A") -> list[tuple[Any, ...]]:
+    """Members A and B both on t; the owner holds both queues; the broker keeps t."""
+    return [sub(k, "A", "t"), sub(k, "B", "t"), sub(k, None, "t", broker="b"),
+            held(k, t_owner, "t", 0, 5), held(k, t_owner, "t", 1, 5)]  # fmt: skip
+
+
+def test_members_that_agree_raise_nothing(spark: SparkSession) -> None:
+    commits = [("t", 0, 5, T, "A", 1), ("t", 1, 5, T, "A", 2)]
+    rows = [r for k in range(9) for r in agreeing(k)]
+    cons, commits_df, real = frames(spark, rows, commits, {("t", 0): 5, ("t", 1): 5})
+    assert found(subscription_conflicts(cons, AS_OF)) == []
+    assert found(stranded_queues(cons, commits_df, real, AS_OF, 60_000)) == []
+    assert found(redeliveries(cons, commits_df, real, AS_OF)) == []
+
+
+def test_a_conflict_is_one_finding_per_run_and_broker_with_the_table_the_broker_kept(spark: SparkSession) -> None:
+    rows = agreeing(0)
+    for k in (1, 2):  # B subscribes to u instead; the broker kept B's table at k=2
+        rows += [sub(k, "A", "t"), sub(k, "B", "u"), sub(k, None, "t" if k == 1 else "u", broker="b")]
+    rows += agreeing(3) + [sub(4, "A", "t"), sub(4, "B", "t", "TagA"), sub(4, None, "t", "TagA", broker="b")]
+    cons, _, _ = frames(spark, rows, [], {})
+    got = subscription_conflicts(cons, AS_OF)
+    assert_df_equality(
+        got.select("broker_name", "consumer_group", "event_ts", "topic", "queue_id"),
+        spark.createDataFrame([("b", "g", T + 10_000), ("b", "g", T + 40_000)], "broker_name string, "
+                              "consumer_group string, event_ts long").selectExpr("*", "CAST(NULL AS STRING) AS topic",
+                                                                                  "CAST(NULL AS INT) AS queue_id"),
+        ignore_row_order=True, ignore_nullable=True,
+    )  # fmt: skip
+    first = json.loads(got.where(f"event_ts = {T + 10_000}").first()["detail"])  # type: ignore[index]
+    members = [{"client_id": "A", "subscriptions": ["t *"]}, {"client_id": "B", "subscriptions": ["u *"]}]
+    assert first == {"members": members, "broker_table": ["u *"], "since": T + 10_000, "until": T + 20_000,
+                     "ongoing": False}  # fmt: skip
+    last = json.loads(got.where(f"event_ts = {T + 40_000}").first()["detail"])  # type: ignore[index]
+    assert (last["broker_table"], last["ongoing"]) == (["t TagA"], True)  # same topic, other tags: a conflict too
+
+
+def test_a_queue_no_subscriber_holds_is_stranded_once_it_lasts(spark: SparkSession) -> None:
+    """A holds t:0 only; t:1 is allocated to B, who subscribes to u: nobody pulls it. Messages wait on t:1
+    from k=0 to k=6 (60 s, the threshold); u:0, held by B, is fine; t:1 at 50 s would not be reported."""
+    rows = []
+    for k in range(7):
+        rows += [sub(k, "A", "t"), sub(k, "B", "u"), sub(k, None, "t", broker="b"), held(k, "A", "t", 0, 3),
+                 held(k, "B", "u", 0, 2), held(k, "B", "t", 1, 0)]  # B "holds" t:1 but never pulls it  # fmt: skip
+    cons, commits, real = frames(spark, rows, [("t", 1, 1, T, "A", 1)], {("t", 0): 3, ("t", 1): 4, ("u", 0): 2})
+    [(kind, topic, queue, since, detail)] = found(stranded_queues(cons, commits, real, AS_OF, 60_000))
+    assert (kind, topic, queue, since) == ("STRANDED_QUEUE", "t", 1, T)
+    assert detail == {"lag": 3, "committed": 1, "stored": 4, "cause": "SUBSCRIPTION_CONFLICT", "since": T,
+                      "until": T + 60_000, "ongoing": True}  # fmt: skip
+    assert found(stranded_queues(cons, commits, real, AS_OF, 60_001)) == []
+    # Once A takes it over the run ends; a caught-up unheld queue (no lag) is not stranded either.
+    later = rows + [sub(7, "A", "t"), held(7, "A", "t", 1, 1), sub(8, "A", "t")]
+    cons, commits, real = frames(spark, later, [("t", 1, 4, T + 80_000, "A", 2)], {("t", 0): 3, ("t", 1): 4})
+    [(*_, detail)] = found(stranded_queues(cons, commits, real, AS_OF, 60_000))
+    assert (detail["until"], detail["ongoing"], detail["cause"]) == (T + 60_000, False, "SUBSCRIPTION_CONFLICT")
+
+
+def test_a_hand_off_after_unpersisted_progress_is_a_redelivery(spark: SparkSession) -> None:
+    """A holds t:0 with 8 consumed in memory but 5 committed, and t:1 fully committed; then A vanishes and B
+    holds both at the next snapshot. Only t:0 is redelivered: 5, 6 and 7 (B's commit after T does not count)."""
+    rows = [sub(0, "A", "t"), sub(0, "B", "t"), sub(0, None, "t", broker="b"), held(0, "A", "t", 0, 8),
+            held(0, "A", "t", 1, 5), sub(1, "B", "t"), sub(1, None, "t", broker="b"), held(1, "B", "t", 0, 9),
+            held(1, "B", "t", 1, 5)]  # fmt: skip
+    commits = [("t", 0, 5, T - 3_000, "A", 1), ("t", 1, 5, T - 3_000, "A", 2), ("t", 0, 8, T + 5_000, "B", 3)]
+    cons, commits_df, real = frames(spark, rows, commits, {("t", 0): 10, ("t", 1): 5})
+    [(kind, topic, queue, event_ts, detail)] = found(redeliveries(cons, commits_df, real, AS_OF))
+    assert (kind, topic, queue, event_ts) == ("REDELIVERY_AT_HANDOFF", "t", 0, T + 10_000)
+    assert detail == {"old_holder": "A", "new_holders": ["B"], "last_seen": T, "from_offset": 5, "to_offset": 8,
+                      "duplicates_estimate": 3, "old_holder_gone": True}  # fmt: skip
+
+
+def test_a_hand_off_exactly_at_a_persist_redelivers_nothing(spark: SparkSession) -> None:
+    """The same hand-off, but A's persist at T carried its memory offset 8: nothing is delivered twice. The
+    queue A keeps (t:1) is no hand-off either."""
+    rows = [sub(0, "A", "t"), sub(0, "B", "t"), sub(0, None, "t", broker="b"), held(0, "A", "t", 0, 8),
+            held(0, "A", "t", 1, 5), sub(1, "A", "t"), sub(1, "B", "t"), sub(1, None, "t", broker="b"),
+            held(1, "B", "t", 0, 9), held(1, "A", "t", 1, 5)]  # fmt: skip
+    commits = [("t", 0, 8, T, "A", 1), ("t", 1, 5, T, "A", 2)]
+    cons, commits_df, real = frames(spark, rows, commits, {("t", 0): 10, ("t", 1): 5})
+    assert found(redeliveries(cons, commits_df, real, AS_OF)) == []
+
+
+def test_an_offset_jump_is_a_forward_commit_from_no_member(spark: SparkSession) -> None:
+    commits = [
+        ("t", 0, 5, T, "A", 1), ("t", 0, 40, T + 1, None, 2),  # an admin skips 35 messages: a jump
+        ("t", 0, 45, T + 2, "A", 3), ("t", 0, 10, T + 3, None, 4),  # backwards: a regression, not a jump
+        ("t", 1, 5, T, None, 5), ("t", 1, 9, T + 1, None, 6),  # nobody named: a consumerOffset.json snapshot
+        ("t", 1, 12, T + 2, "A", 7),  # a member's own progress
+    ]  # fmt: skip
+    _, commits_df, _ = frames(spark, [], commits, {})
+    [(kind, topic, queue, event_ts, detail)] = found(offset_jumps(commits_df, AS_OF))
+    assert (kind, topic, queue, event_ts) == ("OFFSET_JUMP", "t", 0, T + 1)
+    assert detail == {"from_offset": 5, "to_offset": 40, "skipped": 35, "client_before": "A", "seq": 2}

@@ -1,0 +1,196 @@
+"""Consumer groups on a real RocketMQ 5.3.3 broker, collected live, then ingested and reconciled.
+
+Two stories, one broker (check service idle):
+- The classic mistake: group CG_CONFLICT has a member on TopicA and a member on TopicB (Scenario.java
+  `conflict`). The collector snapshots the group every 2 s while both run.
+- A member killed after consuming: CG_HANDOFF has a survivor that persists its offsets every second and
+  a victim that persists only 10 s after it starts (then every 10 minutes). The victim consumes part
+  of a batch on each of its queues and stops pulling, so nothing commits them; the collector snapshots
+  the group, and the victim gets SIGKILL. The survivor takes its queues over from the committed offset
+  and consumes those messages again; a last snapshot shows the new holder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from jobs.collect import Collector, write_runs
+from jobs.config import Config
+from jobs.reconcile import reconcile
+from jobs.runs import new_run_id
+from tests.rocketmq.cluster import BrokerSettings, RocketMQ, compile_driver, run_driver, start_driver
+from tests.test_ingest import fresh_db, ingest
+
+pytestmark = pytest.mark.spark
+STRANDED_AFTER_MS = 10_000
+CONFLICT_S = 30
+
+
+Counts = dict[str, dict[str, int]]  # the conflict's "sent" and "consumed" messages per "topic:queue"
+
+
+@dataclass(frozen=True)
+class Played:
+    landing: Path
+    broker_log: str
+    conflict: Counts
+    consumed: list[dict[str, Any]]  # every message a CG_HANDOFF member consumed, in order
+    members: dict[str, str]  # CG_HANDOFF member name -> client id
+    cfg: Config
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _wait_for(ready: Any, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _tell(member: subprocess.Popen[bytes], command: str) -> None:
+    assert member.stdin is not None
+    member.stdin.write(f"{command}\n".encode())
+    member.stdin.flush()
+
+
+@pytest.fixture(scope="module")
+def played(spark: SparkSession, config: Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Played]:
+    root = tmp_path_factory.mktemp("groups")
+    classes = compile_driver(root / "classes")
+    landing, home = root / "landing", root / "client"
+    procs: list[subprocess.Popen[bytes]] = []
+    with RocketMQ(root / "rmq", BrokerSettings(check_interval_ms=3_600_000)) as rmq:
+        collector = Collector([rmq.namesrv], landing, config.collect)
+        try:
+            conflict, consumed, members = _play(rmq, classes, collector, landing, home, procs)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait(30)
+                if p.stdin:
+                    p.stdin.close()
+        broker_log = rmq.log("broker", "broker.log")
+    thresholds = dataclasses.replace(config.thresholds, stranded_after_ms=STRANDED_AFTER_MS)
+    cfg = dataclasses.replace(fresh_db(spark, config, "t_real_groups"), thresholds=thresholds)
+    tallies = ingest(spark, cfg, landing, "real-groups")
+    assert all(t.quarantined == 0 for t in tallies.values()), tallies
+    reconcile(spark, cfg)
+    yield Played(landing, broker_log, conflict, consumed, members, cfg)
+
+
+Records = list[dict[str, Any]]
+
+
+def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, home: Path,
+          procs: list[subprocess.Popen[bytes]]) -> tuple[Counts, Records, dict[str, str]]:  # fmt: skip
+    """Both stories; what the conflict sent and consumed per queue, every CG_HANDOFF consumption, its client ids."""
+    root = landing.parent
+
+    def collect() -> None:
+        run_id = new_run_id(dt.datetime.now(dt.UTC), "collect")
+        runs = collector.run_pass(run_id)
+        write_runs(collector.folder, run_id, runs)
+        assert all(r.status == "ok" and not r.errors for r in runs), [r.row(run_id) for r in runs]
+
+    # The conflict: collect while both members run (the phase ends after CONFLICT_S).
+    conflict = start_driver(classes, "conflict", rmq.namesrv, root / "conflict.jsonl", str(CONFLICT_S),
+                            home=home, name="conflict")  # fmt: skip
+    procs.append(conflict)
+    started = time.monotonic()
+    while time.monotonic() - started < CONFLICT_S - 5:
+        collect()
+        time.sleep(2)
+    assert conflict.wait(60) == 0
+    # The hand-off: the topic exists (one message per queue) before the members start.
+    out = {name: root / f"{name}.jsonl" for name in ("victim", "survivor")}
+    run_driver(classes, "send", rmq.namesrv, root / "sent.jsonl", "TopicH", "4", home=home, timeout_s=60)
+    for name, persist_ms in (("survivor", "1000"), ("victim", "600000")):
+        procs.append(start_driver(classes, "member", rmq.namesrv, out[name], "CG_HANDOFF", "TopicH", name,
+                                  persist_ms, home=home, name=name))  # fmt: skip
+    victim = procs[-1]
+    _wait_for(lambda: sum(1 for n in out for r in _lines(out[n]) if r["kind"] == "consumed") >= 4,
+              "both members to consume the first messages")  # fmt: skip
+    time.sleep(11)  # the victim's one persist, 10 s after its start
+    # Ten messages per queue in one batch each. The victim stops pulling at the first of them it consumes;
+    # what it pulled by then (a waiting pull is answered once the first of a batch is stored: some of the
+    # ten) it consumes, and no pull carries that offset to the broker, however long the victim lives.
+    _tell(victim, "pause")
+    run_driver(classes, "send", rmq.namesrv, root / "sent.jsonl", "TopicH", "40", "batched", home=home,
+               timeout_s=60)  # fmt: skip
+    _wait_for(lambda: any(r["kind"] == "paused" for r in _lines(out["victim"])), "the victim to stop pulling")
+    time.sleep(2)  # the victim consumes what it pulled; the survivor persists
+    collect()
+    victim.kill()  # SIGKILL: the victim's in-memory offsets die with it
+    victim.wait(30)
+    # The survivor takes the victim's queues over and consumes what it finds there again: seen within a
+    # second here, later on a starved machine.
+    victims = {r["key"] for r in _lines(out["victim"]) if r["kind"] == "consumed"}
+    _wait_for(lambda: any(r.get("key") in victims for r in _lines(out["survivor"])), "the survivor to take over")
+    time.sleep(3)  # the rest of the window
+    collect()
+    members = {r["member"]: r["client_id"] for n in out for r in _lines(out[n]) if r["kind"] == "member"}
+    consumed = [r for n in out for r in _lines(out[n]) if r["kind"] == "consumed"]
+    [conflict_line] = [r for r in _lines(root / "conflict.jsonl") if r["kind"] == "conflict"]
+    return {k: conflict_line[k] for k in ("sent", "consumed")}, consumed, members
+
+
+def _found(spark: SparkSession, played: Played, kind: str, group: str) -> list[dict[str, Any]]:
+    rows = spark.table(played.cfg.table("anomalies")).where(f"anomaly_type = '{kind}' AND consumer_group = '{group}'")
+    return [r.asDict() | {"detail": json.loads(r["detail"])} for r in rows.collect()]
+
+
+def test_the_classic_mistake_is_a_conflict_with_stranded_queues(spark: SparkSession, played: Played) -> None:
+    [conflict] = _found(spark, played, "SUBSCRIPTION_CONFLICT", "CG_CONFLICT")
+    members = {m["client_id"].split("@")[-1]: m["subscriptions"] for m in conflict["detail"]["members"]}
+    assert members == {"member-TopicA": ["%RETRY%CG_CONFLICT *", "TopicA *"],
+                       "member-TopicB": ["%RETRY%CG_CONFLICT *", "TopicB *"]}  # fmt: skip
+    # The broker keeps one table for the group: the last heartbeat's topics, one member's only.
+    assert conflict["detail"]["broker_table"] in (["%RETRY%CG_CONFLICT *", "TopicA *"],
+                                                  ["%RETRY%CG_CONFLICT *", "TopicB *"])  # fmt: skip
+    # Each member allocates its topic's 4 queues over both members and takes its 2; the other 2 of each
+    # topic are the other member's, who never pulls them: messages wait there with no error anywhere.
+    stranded = _found(spark, played, "STRANDED_QUEUE", "CG_CONFLICT")
+    assert sorted((s["topic"], s["queue_id"]) for s in stranded) == [("TopicA", 2), ("TopicA", 3), ("TopicB", 0),
+                                                                     ("TopicB", 1)]  # fmt: skip
+    assert {s["detail"]["cause"] for s in stranded} == {"SUBSCRIPTION_CONFLICT"}
+    for s in stranded:  # nobody consumed a stranded queue: all that was sent to it waits there
+        queue = f"{s['topic']}:{s['queue_id']}"
+        assert (s["detail"]["lag"], played.conflict["consumed"].get(queue, 0)) == (played.conflict["sent"][queue], 0)
+    assert all(s["detail"]["until"] - s["detail"]["since"] >= STRANDED_AFTER_MS for s in stranded)
+    # The broker refused the pulls of whichever member's topic its table lacked at the time.
+    refused = played.broker_log.count("the consumer's subscription not exist")
+    assert refused > 0, "the broker log should show the refused pulls"
+
+
+def test_a_killed_member_is_a_hand_off_whose_duplicates_the_estimate_counts(spark: SparkSession,
+                                                                            played: Played) -> None:  # fmt: skip
+    handoffs = _found(spark, played, "REDELIVERY_AT_HANDOFF", "CG_HANDOFF")
+    victim, survivor = played.members["victim"], played.members["survivor"]
+    assert handoffs and all(h["detail"]["old_holder"] == victim and h["detail"]["new_holders"] == [survivor]
+                            and h["detail"]["old_holder_gone"] for h in handoffs)  # fmt: skip
+    # What the members actually received twice: each key the survivor consumed after the victim had.
+    seen = Counter(r["key"] for r in played.consumed)
+    actual = sum(n - 1 for n in seen.values())
+    estimate = sum(h["detail"]["duplicates_estimate"] for h in handoffs)
+    print(f"hand-off: estimated {estimate} duplicates on {len(handoffs)} queues, actually received {actual}")
+    # The victim consumed nothing between the snapshot and its death, and persisted nothing after its
+    # first 10 s: the window it was last seen with is exactly what the survivor re-read.
+    assert actual == estimate > 0, (actual, estimate, [h["detail"] for h in handoffs])
+    twice = {r["queue_id"] for r in played.consumed if seen[r["key"]] > 1}
+    assert twice == {h["queue_id"] for h in handoffs}
+    assert not _found(spark, played, "REDELIVERY_AT_HANDOFF", "CG_CONFLICT")

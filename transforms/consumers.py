@@ -1,0 +1,232 @@
+"""The consumer-group rules of DESIGN §2: SUBSCRIPTION_CONFLICT, STRANDED_QUEUE, REDELIVERY_AT_HANDOFF and
+OFFSET_JUMP. Pure DataFrame -> DataFrame.
+
+The first three read the `consumer` snapshots (each group's members, their subscriptions and held
+queues with in-memory offsets, and each broker's subscription table), the group's committed offsets
+and the stored messages, all "as of" a snapshot: a commit or message counts when its time is at or
+before the snapshot's. A group's snapshots are consecutive when no other snapshot of that group lies
+between them. A queue's committed offset defaults to its first stored offset (a young queue starts
+there, reference §3.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from transforms.anomalies import detail_json
+
+GROUP_TYPES = ("SUBSCRIPTION_CONFLICT", "STRANDED_QUEUE", "REDELIVERY_AT_HANDOFF", "OFFSET_JUMP")
+QUEUE = ["broker_name", "topic", "queue_id"]
+SNAP = ["consumer_group", "snapshot_ts"]
+
+
+def _anomaly(kind: str, key: Sequence[Column | str], event_ts: str, detail: Column, as_of: int,
+             topic: bool = True) -> list[Column]:  # fmt: skip
+    """The anomalies table's columns; the id is a SHA-256 of the type and `key`."""
+    return [
+        F.sha2(F.concat_ws("|", F.lit(kind), *[F.coalesce((F.col(k) if isinstance(k, str) else k).cast("string"),
+                                                            F.lit("")) for k in key]), 256).alias("anomaly_id"),
+        F.lit(kind).alias("anomaly_type"), F.lit(None).cast("string").alias("reason"), F.col("broker_name"),
+        F.lit(None).cast("string").alias("uniq_key"), F.col("consumer_group"),
+        (F.col("topic") if topic else F.lit(None)).cast("string").alias("topic"),
+        (F.col("queue_id") if topic else F.lit(None)).cast("int").alias("queue_id"),
+        F.col(event_ts).cast("bigint").alias("event_ts"), F.lit(as_of).alias("as_of"),
+        detail_json(detail).alias("detail"),
+    ]  # fmt: skip
+
+
+def snapshots(consumer_df: DataFrame) -> DataFrame:
+    """(consumer_group, snapshot_ts, k, next_ts, latest): every snapshot of every group, numbered in order."""
+    order = Window.partitionBy("consumer_group").orderBy("snapshot_ts")
+    return consumer_df.select(*SNAP).distinct().select(
+        *SNAP, F.row_number().over(order).alias("k"), F.lead("snapshot_ts").over(order).alias("next_ts"),
+        F.max("snapshot_ts").over(Window.partitionBy("consumer_group")).alias("latest"),
+    )  # fmt: skip
+
+
+def members(consumer_df: DataFrame) -> DataFrame:
+    """(consumer_group, snapshot_ts, client_id, subscriptions, topics): each member's own subscriptions."""
+    subs = consumer_df.where((F.col("kind") == "subscription") & F.col("client_id").isNotNull())
+    return subs.groupBy(*SNAP, "client_id").agg(
+        F.sort_array(F.collect_set(F.concat_ws(" ", "topic", F.coalesce("expression", F.lit(""))))).alias(
+            "subscriptions"
+        ),
+        F.collect_set("topic").alias("topics"),
+    )
+
+
+def conflicts(consumer_df: DataFrame) -> DataFrame:
+    """(consumer_group, snapshot_ts, conflict): whether the members' subscriptions differ."""
+    return members(consumer_df).groupBy(*SNAP).agg((F.countDistinct("subscriptions") > 1).alias("conflict"))
+
+
+def holders(consumer_df: DataFrame) -> DataFrame:
+    """(consumer_group, snapshot_ts, queue, client_id, offset): the queues members hold, counted only where
+    the member subscribes to the queue's topic (one that does not never pulls it)."""
+    queues = consumer_df.where(F.col("kind") == "queue").select(*SNAP, *QUEUE, "client_id", "offset")
+    subs = members(consumer_df).select(*SNAP, "client_id", F.explode("topics").alias("topic"))
+    return queues.join(subs, on=[*SNAP, "client_id", "topic"], how="left_semi")
+
+
+def _islands(df: DataFrame, partition: list[str]) -> DataFrame:
+    """Rows numbered by their group snapshot `k`: runs of consecutive snapshots share an `island`."""
+    order = Window.partitionBy(*partition).orderBy("k")
+    return df.withColumn("island", F.col("k") - F.row_number().over(order))
+
+
+def subscription_conflicts(consumer_df: DataFrame, as_of: int) -> DataFrame:
+    """SUBSCRIPTION_CONFLICT per run of consecutive snapshots in which a group's members subscribe
+    differently, reported once per broker that kept a table for the group meanwhile; the event is the
+    first such snapshot. Detail: each member's subscriptions and the broker's table at the run's last
+    snapshot, since, until, and whether it is still going on."""
+    snaps = snapshots(consumer_df)
+    runs = _islands(conflicts(consumer_df).where("conflict").join(snaps, on=SNAP), ["consumer_group"])
+    runs = runs.groupBy("consumer_group", "island").agg(
+        F.min("snapshot_ts").alias("since"), F.max("snapshot_ts").alias("until"), F.max("latest").alias("latest")
+    )
+    in_run = (F.col("snapshot_ts") >= F.col("since")) & (F.col("snapshot_ts") <= F.col("until"))
+    tables = consumer_df.where((F.col("kind") == "subscription") & F.col("client_id").isNull())
+    kept = (
+        tables.join(runs, on="consumer_group").where(in_run)
+        .withColumn("_last", F.max("snapshot_ts").over(Window.partitionBy("consumer_group", "since", "broker_name")))
+        .where(F.col("snapshot_ts") == F.col("_last"))
+        .groupBy("consumer_group", "since", "until", "latest", "broker_name")
+        .agg(F.sort_array(F.collect_set(F.concat_ws(" ", "topic", F.coalesce("expression", F.lit(""))))).alias("table"))
+    )  # fmt: skip
+    last_members = (
+        members(consumer_df).withColumnRenamed("snapshot_ts", "until")
+        .groupBy("consumer_group", "until")
+        .agg(F.sort_array(F.collect_list(F.struct("client_id", "subscriptions"))).alias("members"))
+    )  # fmt: skip
+    found = kept.join(last_members, on=["consumer_group", "until"])
+    detail = F.struct("members", F.col("table").alias("broker_table"), "since", "until",
+                      (F.col("until") == F.col("latest")).alias("ongoing"))  # fmt: skip
+    return found.select(*_anomaly("SUBSCRIPTION_CONFLICT", ["broker_name", "consumer_group", "since"], "since",
+                                  detail, as_of, topic=False))  # fmt: skip
+
+
+def _as_of(probes: DataFrame, events: DataFrame, keys: list[str], value: str, order: list[str]) -> DataFrame:
+    """Each probe row (`keys`, `t`, ...) gets `value` from the latest event (`keys`, `t`, `order`..., `value`) at
+    or before its `t`, or null. Events sort before probes at the same time, so they count."""
+    both = probes.withColumn("_probe", F.lit(1)).unionByName(
+        events.select(*keys, "t", *order, value).withColumn("_probe", F.lit(0)), allowMissingColumns=True
+    )
+    w = (Window.partitionBy(*keys).orderBy("t", "_probe", *order)
+         .rowsBetween(Window.unboundedPreceding, Window.currentRow))  # fmt: skip
+    return both.withColumn(value, F.last(value, ignorenulls=True).over(w)).where("_probe = 1").drop("_probe", *order)
+
+
+def queue_state(probes: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame) -> DataFrame:
+    """Probes (consumer_group, snapshot_ts, queue, ...) with `stored` (messages stored by then: the end
+    offset), `committed` (the group's committed offset by then, else the queue's first stored offset)."""
+    probes = probes.withColumn("t", F.col("snapshot_ts"))
+    ends = real_df.groupBy(*QUEUE, F.col("store_timestamp").alias("t")).agg((F.max("queue_offset") + 1).alias("stored"))
+    firsts = real_df.groupBy(*QUEUE).agg(F.min("queue_offset").alias("first"))
+    commits = offset_commits_df.select(
+        *QUEUE, "consumer_group", F.col("commit_timestamp").alias("t"), "seq", F.col("offset").alias("committed")
+    )
+    with_end = _as_of(probes, ends, QUEUE, "stored", [])
+    with_commit = _as_of(with_end, commits, [*QUEUE, "consumer_group"], "committed", ["seq"])
+    return (
+        with_commit.join(firsts, on=QUEUE, how="left")
+        .select("*", F.coalesce("committed", "first", F.lit(0)).alias("_c"), F.coalesce("stored", F.lit(0)).alias("_s"))
+        .drop("committed", "stored", "first", "t")
+        .withColumnsRenamed({"_c": "committed", "_s": "stored"})
+    )  # fmt: skip
+
+
+def stranded_queues(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int,
+                    stranded_after_ms: int) -> DataFrame:  # fmt: skip
+    """STRANDED_QUEUE: a queue of a topic some member subscribes to, with messages beyond the group's committed
+    offset, that no subscribing member holds, in consecutive snapshots spanning at least
+    `stranded_after_ms`; the event is the first. Detail: lag (at the last), cause (SUBSCRIPTION_CONFLICT if
+    the members disagreed when it began, else ALLOCATION_GAP: their client lists or allocations differ),
+    since, until, ongoing."""
+    snaps = snapshots(consumer_df)
+    topics = members(consumer_df).select(*SNAP, F.explode("topics").alias("topic")).distinct()
+    queues = real_df.select(*QUEUE).distinct()
+    candidates = topics.join(queues, on="topic").join(holders(consumer_df), on=[*SNAP, *QUEUE], how="left_anti")
+    state = queue_state(candidates, offset_commits_df, real_df)
+    stranded = state.where(F.col("stored") > F.col("committed")).join(snaps, on=SNAP)
+    runs = _islands(stranded, ["consumer_group", *QUEUE])
+    last = Window.partitionBy("consumer_group", *QUEUE, "island").orderBy(F.desc("snapshot_ts"))
+    episodes = (
+        runs.withColumn("since", F.min("snapshot_ts").over(Window.partitionBy("consumer_group", *QUEUE, "island")))
+        .withColumn("_n", F.row_number().over(last)).where(F.col("_n") == 1)
+        .withColumnRenamed("snapshot_ts", "until")
+        .where(F.col("until") - F.col("since") >= stranded_after_ms)
+    )  # fmt: skip
+    cause = conflicts(consumer_df).withColumnRenamed("snapshot_ts", "since")
+    found = episodes.join(cause, on=["consumer_group", "since"], how="left")
+    detail = F.struct(
+        (F.col("stored") - F.col("committed")).alias("lag"), "committed", "stored",
+        F.when(F.coalesce("conflict", F.lit(False)), "SUBSCRIPTION_CONFLICT")
+        .otherwise("ALLOCATION_GAP")
+        .alias("cause"),
+        "since", "until", (F.col("until") == F.col("latest")).alias("ongoing"),
+    )  # fmt: skip
+    return found.select(*_anomaly("STRANDED_QUEUE", [*QUEUE, "consumer_group", "since"], "since", detail, as_of))
+
+
+def redeliveries(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int) -> DataFrame:
+    """REDELIVERY_AT_HANDOFF: a member held a queue at one snapshot and not at the group's next, while its
+    in-memory offset was ahead of the group's committed offset at that snapshot. Whoever takes the queue
+    starts from a committed offset, so the messages in between are delivered again; the event is the
+    snapshot that shows the change. Detail: old and new holders, the window [from_offset, to_offset) and
+    duplicates_estimate, its size. The old holder may have consumed (or persisted) more after it was last
+    seen, so the estimate is as good as the snapshot interval is short."""
+    held = holders(consumer_df)
+    snaps = snapshots(consumer_df).where(F.col("next_ts").isNotNull())
+    old = held.join(snaps.select(*SNAP, "next_ts"), on=SNAP)
+    now_held = held.select("consumer_group", F.col("snapshot_ts").alias("next_ts"), *QUEUE, "client_id")
+    lost = old.join(now_held, on=["consumer_group", "next_ts", *QUEUE, "client_id"], how="left_anti")
+    state = queue_state(lost, offset_commits_df, real_df).where(F.col("offset") > F.col("committed"))
+    new_holders = now_held.groupBy("consumer_group", "next_ts", *QUEUE).agg(
+        F.sort_array(F.collect_list("client_id")).alias("new_holders")
+    )
+    present = consumer_df.where(F.col("client_id").isNotNull()).select(
+        "consumer_group", F.col("snapshot_ts").alias("next_ts"), "client_id", F.lit(True).alias("_present")
+    ).distinct()  # fmt: skip
+    found = state.join(new_holders, on=["consumer_group", "next_ts", *QUEUE], how="left").join(
+        present, on=["consumer_group", "next_ts", "client_id"], how="left"
+    )
+    detail = F.struct(
+        F.col("client_id").alias("old_holder"), F.coalesce("new_holders", F.array().cast("array<string>")).alias(
+            "new_holders"), F.col("snapshot_ts").alias("last_seen"),
+        F.col("committed").alias("from_offset"), F.col("offset").alias("to_offset"),
+        (F.col("offset") - F.col("committed")).alias("duplicates_estimate"),
+        F.col("_present").isNull().alias("old_holder_gone"),
+    )  # fmt: skip
+    key = [*QUEUE, "consumer_group", "next_ts", "client_id"]
+    return found.select(*_anomaly("REDELIVERY_AT_HANDOFF", key, "next_ts", detail, as_of))
+
+
+def offset_jumps(offset_commits_df: DataFrame, as_of: int) -> DataFrame:
+    """OFFSET_JUMP: a commit that moves a queue's offset forward and comes from no member (no client id)
+    right after one that did: an admin reset or a broker correction; the messages in between were never
+    consumed by this group. Offsets from consumerOffset.json snapshots name no client, so this needs
+    commits with their client ids. Detail: from, to, skipped."""
+    jumps = offset_commits_df.where(
+        (F.col("offset") > F.col("prev_offset")) & F.col("client_id").isNull() & F.col("prev_client_id").isNotNull()
+    )
+    detail = F.struct(
+        F.col("prev_offset").alias("from_offset"), F.col("offset").alias("to_offset"),
+        (F.col("offset") - F.col("prev_offset")).alias("skipped"), F.col("prev_client_id").alias("client_before"),
+        "seq",
+    )  # fmt: skip
+    key: list[Column | str] = [*QUEUE, "consumer_group", "commit_timestamp", F.col("seq").cast("string")]
+    return jumps.select(*_anomaly("OFFSET_JUMP", key, "commit_timestamp", detail, as_of))
+
+
+def group_anomalies(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int,
+                    stranded_after_ms: int) -> DataFrame:  # fmt: skip
+    """Every consumer-group finding, recomputed whole on each run (snapshots are small)."""
+    return (
+        subscription_conflicts(consumer_df, as_of)
+        .unionByName(stranded_queues(consumer_df, offset_commits_df, real_df, as_of, stranded_after_ms))
+        .unionByName(redeliveries(consumer_df, offset_commits_df, real_df, as_of))
+        .unionByName(offset_jumps(offset_commits_df, as_of))
+    )
