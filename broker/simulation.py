@@ -103,7 +103,7 @@ class Simulation:
         self.crng = random.Random(seed + 0x5EED)
         self.summary = Summary(seed, profile.name, n)
         self.now = START_MS
-        self.queue: list[tuple[int, int, int, Callable[[Any], None], Any]] = []
+        self.queue: list[tuple[int, int, int, Callable[[Any], object], Any]] = []
         self.seq = itertools.count()
         self.done = False
         self.sent = 0
@@ -141,7 +141,7 @@ class Simulation:
 
     # ---- event queue ---------------------------------------------------------------------------
 
-    def at(self, when: int, prio: int, fn: Callable[[Any], None], arg: Any = None) -> None:
+    def at(self, when: int, prio: int, fn: Callable[[Any], object], arg: Any = None) -> None:
         heapq.heappush(self.queue, (when, prio, next(self.seq), fn, arg))
 
     def run(self) -> Summary:
@@ -283,7 +283,7 @@ class Simulation:
             txn.decided_at = self.now + rng.randint(480_000, 720_000)
             self._later(txn, txn.decided_at, self._local_done, (txn, producer, original))
 
-    def _later(self, txn: Txn, when: int, fn: Callable[[Any], None], arg: Any) -> None:
+    def _later(self, txn: Txn, when: int, fn: Callable[[Any], object], arg: Any) -> None:
         txn.inflight += 1
         self.at(when, P_STORE, fn, arg)
 
@@ -730,10 +730,7 @@ class Simulation:
             self.moved[(group, mq)] = (victim.client_id, victim.memory[mq])
         self._fault(None, "consumer_crash")
         self._rebalance(group)
-        self.at(self.now + 30_000, P_CONTROL, self._consumer_rejoin, group)
-
-    def _consumer_rejoin(self, group: str) -> None:
-        self._consumer_join(group)
+        self.at(self.now + 30_000, P_CONTROL, self._consumer_join, group)
 
     def _consumer_join(self, group: str, topics: tuple[str, ...] | None = None) -> Consumer:
         c = self._new_consumer(group, topics)

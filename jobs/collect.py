@@ -285,7 +285,9 @@ class Collector:
                 members: dict[str, consumer_snapshot.Member] = {}
                 try:
                     for broker, (address, _) in sorted(brokers.items()):
-                        conn = conns.get(broker) or conns.setdefault(broker, self.connect(address))
+                        if broker not in conns:
+                            conns[broker] = self.connect(address)
+                        conn = conns[broker]
                         connection = client.consumer_connections(conn, group)
                         if connection is None:
                             continue

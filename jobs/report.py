@@ -27,7 +27,7 @@ from jobs.errors import TxnReconError
 from jobs.lock import warehouse_lock
 from jobs.reconcile import latest_as_of
 from jobs.session import build_session
-from transforms.consumers import holders, snapshots
+from transforms.consumers import holders, islands, snapshots, subscription_text
 
 log = logging.getLogger(__name__)
 
@@ -169,12 +169,11 @@ def _groups(consumer: DataFrame | None) -> dict[str, Any]:
         return {"members": [], "ownership": [], "ownership_total": 0}
     latest = consumer.withColumn("_latest", F.max("snapshot_ts").over(Window.partitionBy("consumer_group")))
     now = latest.where(F.col("snapshot_ts") == F.col("_latest"))
-    subs = F.concat_ws(" ", "topic", F.coalesce("expression", F.lit("")))
     members = (
         now.groupBy("consumer_group", F.coalesce("client_id", F.concat(F.lit("(table of "), "broker_name",
                                                                         F.lit(")"))).alias("member"))
-        .agg(F.concat_ws(", ", F.sort_array(F.collect_set(F.when(F.col("kind") == "subscription", subs))))
-             .alias("subscriptions"),
+        .agg(F.concat_ws(", ", F.sort_array(F.collect_set(F.when(F.col("kind") == "subscription",
+                                                                  subscription_text())))).alias("subscriptions"),
              F.count(F.when(F.col("kind") == "queue", 1)).alias("queues_held"),
              F.max("snapshot_ts").alias("snapshot_ts"))
         .orderBy("consumer_group", "member")
@@ -182,17 +181,15 @@ def _groups(consumer: DataFrame | None) -> dict[str, Any]:
     held = holders(consumer)
     snaps = snapshots(consumer).select("consumer_group", "snapshot_ts", "k")
     queue = ["consumer_group", "topic", "broker_name", "queue_id"]
-    runs = held.join(snaps, on=["consumer_group", "snapshot_ts"]).withColumn(
-        "_run", F.col("k") - F.row_number().over(Window.partitionBy(*queue, "client_id").orderBy("k"))
-    )
+    runs = islands(held.join(snaps, on=["consumer_group", "snapshot_ts"]), [*queue, "client_id"])
     ownership = (
-        runs.groupBy(*queue, "client_id", "_run")
+        runs.groupBy(*queue, "client_id", "island")
         .agg(
             F.min("snapshot_ts").alias("from_ts"),
             F.max("snapshot_ts").alias("to_ts"),
             F.count(F.lit(1)).alias("snapshots"),
         )
-        .drop("_run")
+        .drop("island")
     )
     return {
         "members": _rows(members, members.columns, ROWS),

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from jobs.collect import _now as now
 from jobs.config import Config
 from jobs.reconcile import reconcile
 from jobs.report import _collect_runs as report_collect_runs
-from tests.rocketmq.cluster import BrokerSettings, RocketMQ, compile_driver, run_driver
+from tests.rocketmq.cluster import BrokerSettings, RocketMQ, compile_driver, run_driver, wait_for
 from tests.rocketmq.truth import expected
 from tests.test_ingest import fresh_db, ingest, landed, rows
 
@@ -57,14 +56,6 @@ def start_collector(namesrv: str, landing: Path, log: Path, *args: str) -> subpr
     cmd = [sys.executable, "-m", "jobs.collect", "--namesrv", namesrv, "--landing", str(landing), *args]
     with open(log, "wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-
-
-def wait_for(ready: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def collect_runs(landing: Path) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from jobs.collect import Collector, write_runs
 from jobs.config import Config
 from jobs.reconcile import reconcile
 from jobs.runs import new_run_id
-from tests.rocketmq.cluster import BrokerSettings, RocketMQ, compile_driver, run_driver, start_driver
+from tests.rocketmq.cluster import BrokerSettings, RocketMQ, compile_driver, run_driver, start_driver, wait_for
 from tests.test_ingest import fresh_db, ingest
 
 pytestmark = pytest.mark.spark
@@ -53,13 +53,6 @@ class Played:
 
 def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _wait_for(ready: Any, what: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def _tell(member: subprocess.Popen[bytes], command: str) -> None:
@@ -123,8 +116,8 @@ def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, hom
         procs.append(start_driver(classes, "member", rmq.namesrv, out[name], "CG_HANDOFF", "TopicH", name,
                                   persist_ms, home=home, name=name))  # fmt: skip
     victim = procs[-1]
-    _wait_for(lambda: sum(1 for n in out for r in _lines(out[n]) if r["kind"] == "consumed") >= 4,
-              "both members to consume the first messages")  # fmt: skip
+    wait_for(lambda: sum(1 for n in out for r in _lines(out[n]) if r["kind"] == "consumed") >= 4,
+             "both members to consume the first messages")  # fmt: skip
     time.sleep(11)  # the victim's one persist, 10 s after its start
     # Ten messages per queue in one batch each. The victim stops pulling at the first of them it consumes;
     # what it pulled by then (a waiting pull is answered once the first of a batch is stored: some of the
@@ -132,7 +125,7 @@ def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, hom
     _tell(victim, "pause")
     run_driver(classes, "send", rmq.namesrv, root / "sent.jsonl", "TopicH", "40", "batched", home=home,
                timeout_s=60)  # fmt: skip
-    _wait_for(lambda: any(r["kind"] == "paused" for r in _lines(out["victim"])), "the victim to stop pulling")
+    wait_for(lambda: any(r["kind"] == "paused" for r in _lines(out["victim"])), "the victim to stop pulling")
     time.sleep(2)  # the victim consumes what it pulled; the survivor persists
     collect()
     victim.kill()  # SIGKILL: the victim's in-memory offsets die with it
@@ -140,7 +133,7 @@ def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, hom
     # The survivor takes the victim's queues over and consumes what it finds there again: seen within a
     # second here, later on a starved machine.
     victims = {r["key"] for r in _lines(out["victim"]) if r["kind"] == "consumed"}
-    _wait_for(lambda: any(r.get("key") in victims for r in _lines(out["survivor"])), "the survivor to take over")
+    wait_for(lambda: any(r.get("key") in victims for r in _lines(out["survivor"])), "the survivor to take over")
     time.sleep(3)  # the rest of the window
     collect()
     members = {r["member"]: r["client_id"] for n in out for r in _lines(out[n]) if r["kind"] == "member"}

@@ -38,6 +38,11 @@ def _anomaly(kind: str, key: Sequence[Column | str], event_ts: str, detail: Colu
     ]  # fmt: skip
 
 
+def subscription_text() -> Column:
+    """A subscription row as "topic expression", e.g. "TopicA *" (the expression may be absent)."""
+    return F.concat_ws(" ", "topic", F.coalesce("expression", F.lit("")))
+
+
 def snapshots(consumer_df: DataFrame) -> DataFrame:
     """(consumer_group, snapshot_ts, k, next_ts, latest): every snapshot of every group, numbered in order."""
     order = Window.partitionBy("consumer_group").orderBy("snapshot_ts")
@@ -51,9 +56,7 @@ def members(consumer_df: DataFrame) -> DataFrame:
     """(consumer_group, snapshot_ts, client_id, subscriptions, topics): each member's own subscriptions."""
     subs = consumer_df.where((F.col("kind") == "subscription") & F.col("client_id").isNotNull())
     return subs.groupBy(*SNAP, "client_id").agg(
-        F.sort_array(F.collect_set(F.concat_ws(" ", "topic", F.coalesce("expression", F.lit(""))))).alias(
-            "subscriptions"
-        ),
+        F.sort_array(F.collect_set(subscription_text())).alias("subscriptions"),
         F.collect_set("topic").alias("topics"),
     )
 
@@ -71,7 +74,7 @@ def holders(consumer_df: DataFrame) -> DataFrame:
     return queues.join(subs, on=[*SNAP, "client_id", "topic"], how="left_semi")
 
 
-def _islands(df: DataFrame, partition: list[str]) -> DataFrame:
+def islands(df: DataFrame, partition: list[str]) -> DataFrame:
     """Rows numbered by their group snapshot `k`: runs of consecutive snapshots share an `island`."""
     order = Window.partitionBy(*partition).orderBy("k")
     return df.withColumn("island", F.col("k") - F.row_number().over(order))
@@ -83,7 +86,7 @@ def subscription_conflicts(consumer_df: DataFrame, as_of: int) -> DataFrame:
     first such snapshot. Detail: each member's subscriptions and the broker's table at the run's last
     snapshot, since, until, and whether it is still going on."""
     snaps = snapshots(consumer_df)
-    runs = _islands(conflicts(consumer_df).where("conflict").join(snaps, on=SNAP), ["consumer_group"])
+    runs = islands(conflicts(consumer_df).where("conflict").join(snaps, on=SNAP), ["consumer_group"])
     runs = runs.groupBy("consumer_group", "island").agg(
         F.min("snapshot_ts").alias("since"), F.max("snapshot_ts").alias("until"), F.max("latest").alias("latest")
     )
@@ -94,7 +97,7 @@ def subscription_conflicts(consumer_df: DataFrame, as_of: int) -> DataFrame:
         .withColumn("_last", F.max("snapshot_ts").over(Window.partitionBy("consumer_group", "since", "broker_name")))
         .where(F.col("snapshot_ts") == F.col("_last"))
         .groupBy("consumer_group", "since", "until", "latest", "broker_name")
-        .agg(F.sort_array(F.collect_set(F.concat_ws(" ", "topic", F.coalesce("expression", F.lit(""))))).alias("table"))
+        .agg(F.sort_array(F.collect_set(subscription_text())).alias("table"))
     )  # fmt: skip
     last_members = (
         members(consumer_df).withColumnRenamed("snapshot_ts", "until")
@@ -130,12 +133,8 @@ def queue_state(probes: DataFrame, offset_commits_df: DataFrame, real_df: DataFr
     )
     with_end = _as_of(probes, ends, QUEUE, "stored", [])
     with_commit = _as_of(with_end, commits, [*QUEUE, "consumer_group"], "committed", ["seq"])
-    return (
-        with_commit.join(firsts, on=QUEUE, how="left")
-        .select("*", F.coalesce("committed", "first", F.lit(0)).alias("_c"), F.coalesce("stored", F.lit(0)).alias("_s"))
-        .drop("committed", "stored", "first", "t")
-        .withColumnsRenamed({"_c": "committed", "_s": "stored"})
-    )  # fmt: skip
+    filled = {"committed": F.coalesce("committed", "first", F.lit(0)), "stored": F.coalesce("stored", F.lit(0))}
+    return with_commit.join(firsts, on=QUEUE, how="left").withColumns(filled).drop("first", "t")
 
 
 def stranded_queues(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int,
@@ -151,7 +150,7 @@ def stranded_queues(consumer_df: DataFrame, offset_commits_df: DataFrame, real_d
     candidates = topics.join(queues, on="topic").join(holders(consumer_df), on=[*SNAP, *QUEUE], how="left_anti")
     state = queue_state(candidates, offset_commits_df, real_df)
     stranded = state.where(F.col("stored") > F.col("committed")).join(snaps, on=SNAP)
-    runs = _islands(stranded, ["consumer_group", *QUEUE])
+    runs = islands(stranded, ["consumer_group", *QUEUE])
     last = Window.partitionBy("consumer_group", *QUEUE, "island").orderBy(F.desc("snapshot_ts"))
     episodes = (
         runs.withColumn("since", F.min("snapshot_ts").over(Window.partitionBy("consumer_group", *QUEUE, "island")))
@@ -217,7 +216,7 @@ def offset_jumps(offset_commits_df: DataFrame, as_of: int) -> DataFrame:
         (F.col("offset") - F.col("prev_offset")).alias("skipped"), F.col("prev_client_id").alias("client_before"),
         "seq",
     )  # fmt: skip
-    key: list[Column | str] = [*QUEUE, "consumer_group", "commit_timestamp", F.col("seq").cast("string")]
+    key = [*QUEUE, "consumer_group", "commit_timestamp", "seq"]
     return jumps.select(*_anomaly("OFFSET_JUMP", key, "commit_timestamp", detail, as_of))
 
 

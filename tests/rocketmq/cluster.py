@@ -203,6 +203,15 @@ class RocketMQ:
         self.stop()
 
 
+def wait_for(ready: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    """Poll `ready` until it holds; an AssertionError naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
 def _driver(classes: Path, phase: str, namesrv: str, out: Path, args: tuple[str, ...], home: Path,
             acl: tuple[str, str] | None) -> list[str]:  # fmt: skip
     home.mkdir(parents=True, exist_ok=True)
