@@ -20,6 +20,7 @@ class BrokerSettings:
     file_reserved_hours: int = 72
     op_batch_interval_ms: int = 3000
     op_msg_max_size: int = 4096  # transactionOpMsgMaxSize, characters
+    op_context_capacity: int = 20000  # entries a half queue's MessageQueueOpContext holds (fixed in the broker)
     offset_flush_interval_ms: int = 5000  # flushConsumerOffsetInterval (also half/op check progress)
 
 

@@ -403,12 +403,14 @@ class Simulation:
                     self._crash(b)
                     self._maybe_settle(txn)
                     return
-            if b.batched_ops:
+            if b.batched_ops and len(b.op_ctx) < self.cfg.op_context_capacity:
                 b.op_ctx.append((entry.offset, txn))
                 b.op_ctx_chars += len(str(entry.offset)) + 1
                 txn.inflight += 1
                 if b.op_ctx_chars > self.cfg.op_msg_max_size and not self._op_stalled(b):
                     self._flush_ops(b)
+            elif b.batched_ops:  # the context is full: the offer times out and the request writes its own op
+                self._write_op_message(b, [(entry.offset, txn)])
             else:
                 self._store_op(b, [(entry.offset, txn)], str(entry.offset))
         self._maybe_settle(txn)
@@ -447,9 +449,27 @@ class Simulation:
         self._fault(None, "op_stall")
 
     def _flush_ops(self, b: BrokerState) -> None:
-        items, b.op_ctx, b.op_ctx_chars, b.op_last_flush = b.op_ctx, [], 0, self.now
-        self._store_op(b, items, "".join(f"{offset}," for offset, _ in items))
-        for _, txn in items:
+        """batchSendOpMessage: one op message per pass; while the context still holds op_msg_max_size
+        characters the service passes again at once, and a smaller rest waits for the next interval."""
+        self._write_op_message(b, [])
+        while b.op_ctx_chars >= self.cfg.op_msg_max_size:
+            self._write_op_message(b, [])
+
+    def _write_op_message(self, b: BrokerState, own: list[tuple[int, Txn]]) -> None:
+        """getOpMessage: one op message of `own` entries (a forced write's; none for the batch service) and
+        entries taken from the context in order until the body reaches op_msg_max_size characters."""
+        body, taken = "".join(f"{offset}," for offset, _ in own), 0
+        while taken < len(b.op_ctx) and len(body) < self.cfg.op_msg_max_size:
+            body += f"{b.op_ctx[taken][0]},"
+            taken += 1
+        if not body:
+            return
+        drained = b.op_ctx[:taken]
+        del b.op_ctx[:taken]
+        b.op_ctx_chars -= sum(len(str(offset)) + 1 for offset, _ in drained)
+        b.op_last_flush = self.now
+        self._store_op(b, own + drained, body)
+        for _, txn in drained:
             txn.inflight -= 1
             self._maybe_settle(txn)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from jobs.config import ENVIRONMENTS, load_config
-from jobs.errors import TxnReconError
+from jobs.errors import EngineError, TxnReconError
 from jobs.lock import LockedError
 
 log = logging.getLogger("txn_recon")
@@ -101,6 +101,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TxnReconError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except EngineError as e:
+        if args.debug:
+            raise
+        print(f"{prog}: failed: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

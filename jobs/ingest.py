@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 
 from jobs.catalog import create_table
 from jobs.config import Config
-from jobs.errors import TxnReconError, first_line
+from jobs.errors import EngineError, TxnReconError, first_line, is_unreadable_file
 from jobs.lock import warehouse_lock
 from jobs.runs import new_run_id
 from jobs.session import build_session
@@ -194,7 +194,9 @@ def ingest_stream(
 def ingest_batch(
     spark: SparkSession, config: Config, stream: str, files: list[LandingFile], run_id: str, ingested_at: dt.datetime
 ) -> Tally:
-    """Ingest a batch whole; if a file cannot be read, ingest its files one by one to isolate it."""
+    """Ingest a batch whole; if a file cannot be read, ingest its files one by one to isolate it. A failure
+    of the engine rather than of a file raises EngineError before anything is quarantined or recorded, so
+    the next run reads the whole batch again."""
     readable = [f for f in files if f.kind != "unsupported"]
     failed = {f: "unsupported file type (expected .jsonl, .json, .jsonl.gz, .json.gz or .parquet)"
               for f in files if f.kind == "unsupported"}  # fmt: skip
@@ -203,6 +205,7 @@ def ingest_batch(
         if readable:
             tally = write_records(spark, config, stream, readable, run_id, ingested_at)
     except Exception as whole:  # a read error surfaces at the first action; nothing was written yet
+        _unless_engine_failure(whole, stream)
         log.warning("%s: a file in this batch cannot be read (%s); reading its files one by one",
                     stream, first_line(whole))  # fmt: skip
         tally = Tally()
@@ -210,6 +213,7 @@ def ingest_batch(
             try:
                 tally.add(write_records(spark, config, stream, [f], run_id, ingested_at))
             except Exception as e:
+                _unless_engine_failure(e, stream)
                 failed[f] = f"unreadable file: {first_line(e)}"
     for f, reason in failed.items():
         log.warning("%s: quarantined %s: %s", stream, f.path, reason)
@@ -220,6 +224,13 @@ def ingest_batch(
     tally.quarantined += len(failed)
     record_files(spark, config, stream, files, set(failed), run_id)
     return tally
+
+
+def _unless_engine_failure(e: Exception, stream: str) -> None:
+    """Return when `e` is a file Spark could not read; raise EngineError for anything else."""
+    if not is_unreadable_file(e):
+        raise EngineError(f"Spark failed while ingesting {stream} files ({first_line(e)}); nothing was "
+                          "quarantined for it, and the next run reads those files again") from e  # fmt: skip
 
 
 def read_files(spark: SparkSession, stream: str, files: list[LandingFile]) -> DataFrame:

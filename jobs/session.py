@@ -60,8 +60,18 @@ def build_session(config: Config) -> SparkSession:
         builder = builder.config(key, value)
     log.info("starting Spark (%s)", config.spark.master or "master from spark-submit")
     spark = builder.enableHiveSupport().getOrCreate()
+    _quiet_accumulator_server(spark)
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {config.database}")
     return spark
+
+
+def _quiet_accumulator_server(spark: SparkSession) -> None:
+    """PySpark's accumulator server, a thread of this process, prints a Python traceback when its
+    connection from the JVM breaks, which happens whenever the JVM dies. The job reports that failure in
+    one line of its own, so the server only logs it."""
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if server is not None:
+        server.handle_error = lambda request, address: log.debug("the JVM's accumulator connection broke")
 
 
 def write_spark_defaults(config: Config, out_dir: Path) -> Path:

@@ -34,6 +34,14 @@ HALF = Schema(
     key=("broker_name", "queue_id", "queue_offset"),
 )
 
+# An op body lists half-queue offsets: "17" (<= 5.0) or "17,18,20," (5.1+); that is, digits and commas,
+# starting with a digit, never two commas in a row. It is checked as two flat patterns rather than as
+# "[0-9]+(,[0-9]+)*,?": Java's regex engine recurses once per repetition of a group, and a body of 80,000
+# characters overflowed an executor thread's stack and took the JVM down. A repeated character class
+# is matched in a loop, so any body is checked in bounded stack.
+OP_BODY_CHARS = r"^[0-9][0-9,]*$"
+OP_BODY_EMPTY_ITEM = ",,"
+
 OP = Schema(
     "op",
     _STORED

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.bronze import BRONZE
+from schemas.landing import OP_BODY_CHARS, OP_BODY_EMPTY_ITEM
 from schemas.model import Field, Schema
 from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, TXN_LIFECYCLE
 
@@ -33,8 +34,6 @@ ANOMALY_TYPES = (
 )  # fmt: skip
 SNAPSHOT_KINDS = ("subscription", "queue")
 ANOMALY_REASONS = ("NO_HALF", "NO_OP", "AFTER_DISCARD", "OFFSET_MISMATCH", *DISCARD_REASONS)
-# An op body lists half offsets: "17" (<= 5.0) or "17,18,20," (5.1+).
-OP_BODY = r"^[0-9]+(,[0-9]+)*,?$"
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,8 @@ def suites(check_max: int) -> tuple[Suite, ...]:
     in_set = "column_values_to_be_in_set"
     op_body = (
         _e(in_set, column="tag", value_set=["d"]),
-        _e("column_values_to_match_regex", column="body", regex=OP_BODY),
+        _e("column_values_to_match_regex", column="body", regex=OP_BODY_CHARS),
+        _e("column_values_to_not_match_regex", column="body", regex=OP_BODY_EMPTY_ITEM),
     )
     snapshot_rows = (_e(in_set, column="kind", value_set=list(SNAPSHOT_KINDS)),)
     lifecycle = (

@@ -14,9 +14,11 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+import jobs.ingest as ingest_job
 from broker.landing import LandingWriter
 from broker.profiles import PROFILES
 from broker.simulation import simulate
+from jobs.cli import main
 from jobs.config import Config
 from jobs.ingest import Tally, ingest_landing
 from schemas import LANDING
@@ -155,7 +157,7 @@ GOOD_REAL = {
 }  # fmt: skip
 
 
-def _op(offset: int, body: str) -> dict[str, Any]:
+def op_record(offset: int, body: str) -> dict[str, Any]:
     return {"broker_name": "b", "queue_id": 0, "queue_offset": offset, "commit_log_offset": 200 + offset,
             "store_timestamp": 1005, "born_timestamp": 1005, "tag": "d", "body": body}  # fmt: skip
 
@@ -178,7 +180,7 @@ def test_bad_input_is_quarantined_with_reasons(spark: SparkSession, config: Conf
     (landing / "half" / "mixed.jsonl").write_text("\n".join(half_lines) + "\n")
     (landing / "half" / "notes.txt").write_text("not a landing file\n")
     (landing / "op" / "ops.jsonl").write_text("\n".join(json.dumps(r) for r in [
-        _op(0, "1,2,"), _op(1, "1,x"), _op(2, "3"), _op(3, "")]) + "\n")  # fmt: skip
+        op_record(0, "1,2,"), op_record(1, "1,x"), op_record(2, "3"), op_record(3, "")]) + "\n")  # fmt: skip
     (landing / "offset" / "empty.jsonl").write_text("")
     snapshot = {"snapshot_ts": 1, "consumer_group": "g", "topic": "t"}
     facts: list[dict[str, object]] = [
@@ -234,10 +236,47 @@ def test_an_op_may_arrive_before_its_half(spark: SparkSession, config: Config, t
     cfg = fresh_db(spark, config, "t_ingest_order")
     landing = tmp_path / "landing"
     (landing / "op").mkdir(parents=True)
-    (landing / "op" / "early.jsonl").write_text(json.dumps(_op(0, "1,")) + "\n")
+    (landing / "op" / "early.jsonl").write_text(json.dumps(op_record(0, "1,")) + "\n")
     assert ingest(spark, cfg, landing, "run-a")["op"].inserted == 1
     (landing / "half").mkdir()
     (landing / "half" / "late.jsonl").write_text(json.dumps(GOOD_HALF) + "\n")
     tallies = ingest(spark, cfg, landing, "run-b")
     assert (tallies["half"].inserted, tallies["op"].files) == (1, 0)
-    assert rows(spark, cfg, "op") == [_op(0, "1,")]
+    assert rows(spark, cfg, "op") == [op_record(0, "1,")]
+
+
+def test_an_engine_failure_quarantines_nothing_and_the_next_run_lands_everything(
+    spark: SparkSession, config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    cfg = fresh_db(spark, config, "t_ingest_engine")
+    landing = tmp_path / "landing"
+    meta = make_landing(landing)
+    conf = tmp_path / "db.yaml"
+    conf.write_text(f"database: {cfg.database}\n")
+    read_files = ingest_job.read_files
+
+    def out_of_memory(session: SparkSession, stream: str, files: list[Any]) -> Any:
+        if stream == "op":  # a real java.lang.OutOfMemoryError in the driver's JVM, which lives on
+            jvm = session.sparkContext._jvm
+            assert jvm is not None
+            jvm.java.lang.reflect.Array.newInstance(jvm.java.lang.Long.TYPE, 2**31 - 16)
+        return read_files(session, stream, files)
+
+    monkeypatch.setattr(ingest_job, "read_files", out_of_memory)
+    code = main(["ingest", "--landing", str(landing), "--warehouse", cfg.warehouse, "--conf", str(conf)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("txn-recon ingest: failed: Spark failed while ingesting op files (OutOfMemoryError: ")
+    assert spark.table(cfg.table("quarantine")).count() == 0
+    assert spark.table(cfg.table("op_events")).count() == 0
+    assert spark.table(cfg.table("ingest_files")).where("stream = 'op'").count() == 0
+    assert rows(spark, cfg, "half") == landed(landing / "half")  # the stream before the failure is in
+
+    monkeypatch.undo()
+    rerun = ingest(spark, cfg, landing, "run-after-failure")
+    assert rerun["op"].inserted == meta["records"]["op"] > 0 and rerun["half"].files == 0
+    for stream in LANDING:
+        assert rows(spark, cfg, stream) == landed(landing / stream)
+    assert spark.table(cfg.table("quarantine")).count() == 0

@@ -221,16 +221,25 @@ def test_rechecked_after_resolution(spark: SparkSession) -> None:
         half("E", 9, 5_000, checks=2),  # last copy resolved
         half("U", 4, 1_000),
         half("U", 10, 3_000, checks=1),  # never resolved: pending, not rechecked
+        half("D", 11, 1_000),
+        half("D", 12, 3_000, checks=15),  # discarded, then committed 100 s later through its original half
     ]
-    ops = [("b", 0, 0, 4_500, "0,1,2,3,"), ("b", 0, 1, 9_000, "7,9,")]
+    ops = [("b", 0, 0, 4_500, "0,1,2,3,"), ("b", 0, 1, 9_000, "7,9,"), ("b", 0, 2, 104_500, "11,")]
     reals = [commit("C", 0, 1_100, 0), commit("T", 1, 1_100, 200), commit("T", 2, 3_100, 700),
-             ("b", "TRANS_CHECK_MAX_TIME_TOPIC", 0, 0, 8_000, "C", 0, True, None, "pg")]  # fmt: skip
-    life = build(spark, halves, ops, reals, as_of=10_000)
+             ("b", "TRANS_CHECK_MAX_TIME_TOPIC", 0, 0, 8_000, "C", 0, True, None, "pg"),
+             ("b", "TRANS_CHECK_MAX_TIME_TOPIC", 0, 1, 4_000, "D", 0, True, None, "pg"),
+             commit("D", 3, 104_000, 1_100)]  # fmt: skip
+    as_of = 110_000
+    life = build(spark, halves, ops, reals, as_of)
     got = {r["uniq_key"]: (r["event_ts"], json.loads(r["detail"]))
-           for r in found(life, rechecked_after_resolution(), 10_000)}  # fmt: skip
+           for r in found(life, rechecked_after_resolution(), as_of)}  # fmt: skip
     assert got == {
         "C": (4_500, {"state": "COMMITTED", "unresolved_checks": 1, "check_times": 1, "op_lag_ms": 3_400,
                       "discarded": True, "committed_twice": False}),
         "R": (4_500, {"state": "ROLLED_BACK", "unresolved_checks": 1, "check_times": 1, "op_lag_ms": None,
                       "discarded": False, "committed_twice": False}),
     }  # fmt: skip
+    # C was discarded after its op, so it was checked after its resolution; D was discarded before it was
+    # committed, so no check came after its op: it is a late commit alone.
+    late = [(r["uniq_key"], r["reason"]) for r in found(life, orphaned_commit(as_of, RULES), as_of)]
+    assert late == [("D", "AFTER_DISCARD")]

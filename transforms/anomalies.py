@@ -115,7 +115,10 @@ def rechecked_after_resolution() -> list[Finding]:
         (F.col("resolved_ts") - F.col("first_commit_ts")).alias("op_lag_ms"),
         F.col("discard_ts").isNotNull().alias("discarded"), (F.col("commit_count") > 1).alias("committed_twice"),
     )  # fmt: skip
-    holds = F.col("resolved_ts").isNotNull() & ~F.coalesce(F.col("last_check_resolved"), F.lit(True))
+    # A transaction the broker had discarded before the op resolved it was not checked after that: a late
+    # commit through its original half is ORPHANED_COMMIT AFTER_DISCARD alone.
+    discarded_first = F.coalesce(F.col("discard_ts") <= F.col("resolved_ts"), F.lit(False))
+    holds = F.col("resolved_ts").isNotNull() & ~F.coalesce(F.col("last_check_resolved"), F.lit(True)) & ~discarded_first
     return [Finding(F.lit("RECHECKED_AFTER_RESOLUTION"), F.lit(None), holds, F.col("resolved_ts"), detail)]
 
 

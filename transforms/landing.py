@@ -14,6 +14,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from schemas.landing import OP_BODY_CHARS, OP_BODY_EMPTY_ITEM
 from schemas.model import Schema
 from schemas.spark import to_struct
 
@@ -25,7 +26,6 @@ NON_NEGATIVE = frozenset({
     "check_times", "check_immunity_seconds", "prepared_queue_offset", "prepared_transaction_offset",
     "body_size", "reconsume_times", "offset", "commit_timestamp", "seq",
 })  # fmt: skip
-OP_BODY = r"^[0-9]+(,[0-9]+)*,?$"  # "17" (<= 5.0) or "17,18,20," (5.1+)
 INSERT, DUPLICATE, QUARANTINED = "insert", "duplicate", "quarantine"  # a row's _fate
 
 
@@ -92,9 +92,14 @@ def _value_problems(schema: Schema, given: dict[str, Column]) -> Column:
         for f in schema.fields if f.name in NON_NEGATIVE
     ]  # fmt: skip
     if "body" in schema.names and schema.name == "op":
-        checks.append(F.when(~F.col("body").rlike(OP_BODY),
+        checks.append(F.when(~is_op_body(F.col("body")),
                              F.concat(F.lit("op body is not a list of offsets: "), F.col("body"))))  # fmt: skip
     return _compact(checks)
+
+
+def is_op_body(body: Column) -> Column:
+    """Whether `body` lists half-queue offsets (schemas.landing.OP_BODY_CHARS), in bounded stack."""
+    return body.rlike(OP_BODY_CHARS) & ~body.contains(OP_BODY_EMPTY_ITEM)
 
 
 def _any_holds(conditions: tuple[tuple[str, str | None], ...], given: dict[str, Column]) -> Column:

@@ -44,12 +44,14 @@ class MemorySink:
         self.run.truth_anomalies.append(rec)
 
 
-def run_model(n: int, seed: int, profile: str | Profile = "default", **changes: Any) -> Run:
+def run_model(
+    n: int, seed: int, profile: str | Profile = "default", broker: BrokerSettings | None = None, **changes: Any
+) -> Run:
     p = PROFILES[profile] if isinstance(profile, str) else profile
     if changes:
         p = dataclasses.replace(p, **changes)
     run = Run(Summary(seed, p.name, n))
-    run.summary = simulate(n, seed, p, MemorySink(run))
+    run.summary = simulate(n, seed, p, MemorySink(run), broker)
     return run
 
 
@@ -95,7 +97,7 @@ def reference_findings(
         times = [resolved_at.get((h["broker_name"], h["queue_id"], h["queue_offset"])) for h in halves]
         resolved = min((t for t in times if t is not None), default=None)
         checked = [h for h in halves if h.get("check_times")]
-        if resolved is not None and checked:
+        if resolved is not None and checked and not (k in discards and discards[k] <= resolved):
             last = max(checked, key=lambda h: h["queue_offset"])
             if (last["broker_name"], last["queue_id"], last["queue_offset"]) not in resolved_at:
                 found.add(("RECHECKED_AFTER_RESOLUTION", *k, None))

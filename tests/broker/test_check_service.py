@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from typing import Any
 
+from broker.profiles import BrokerSettings
 from broker.topology import START_MS
 from tests.broker.harness import DISCARD_TOPIC, Run, run_model
 
-QUIET = {"plain_ratio": 0.0, "slow_consume_ratio": 0.0, "drain_ms": 900_000}
+QUIET: dict[str, Any] = {"plain_ratio": 0.0, "slow_consume_ratio": 0.0, "drain_ms": 900_000}
 
 
 def _halves(run: Run, key: str | None = None) -> list[dict[str, Any]]:
@@ -67,6 +69,45 @@ def test_op_body_formats_per_broker_version() -> None:
     assert all(body.endswith(",") for body in bodies["broker-a"])  # 5.1+: "17,18,20,"
     assert any(body.count(",") > 1 for body in bodies["broker-a"])  # batched
     assert all(body.isdigit() for body in bodies["broker-b"])  # <= 5.0: "17"
+
+
+def _batched_ops(run: Run) -> list[dict[str, Any]]:
+    """broker-a's ops: it plays a 5.1+ broker, which batches them."""
+    return [op for op in run.records["op"] if op["broker_name"] == "broker-a"]
+
+
+def _entries(op: dict[str, Any]) -> list[int]:
+    return [int(token) for token in op["body"].split(",") if token]
+
+
+def test_an_op_backlog_is_written_in_messages_of_the_broker_size() -> None:
+    """getOpMessage stops taking entries once the body reaches transactionOpMsgMaxSize; after a stall the
+    batch service writes the backlog as several such messages at once (batchSendOpMessage)."""
+    size = 64
+    run = run_model(4000, seed=6, profile="clean", broker=BrokerSettings(op_msg_max_size=size), op_stall=2,
+                    txn_per_second=50.0, **QUIET)  # fmt: skip
+    ops = _batched_ops(run)
+    for op in ops:
+        last = op["body"].rstrip(",").rsplit(",", 1)[-1]
+        assert len(op["body"]) - len(last) - 1 < size, op  # the entry that reached the size is the last
+    by_time = Counter(op["store_timestamp"] for op in ops)
+    backlog_ts, written = by_time.most_common(1)[0]
+    assert written >= 3  # a stall's backlog, written at once
+    assert all(len(op["body"]) >= size for op in ops if op["store_timestamp"] == backlog_ts)
+    entries = [e for op in ops for e in _entries(op)]
+    assert len(entries) == len(set(entries))  # nothing listed twice, nothing lost on the way
+
+
+def test_a_full_op_context_makes_the_end_request_write_its_own_op() -> None:
+    """A MessageQueueOpContext holds a fixed number of entries; when it is full, the end request writes an
+    op of its own entry and what it drains from the context (deletePrepareMessage)."""
+    run = run_model(300, seed=7, profile="clean", broker=BrokerSettings(op_context_capacity=4), txn_per_second=50.0,
+                    **QUIET)  # fmt: skip
+    ops = _batched_ops(run)
+    listed = Counter(len(_entries(op)) for op in ops)
+    assert max(listed) == 5 and listed[5] > len(ops) / 2  # 50 ends a second: the context is mostly full
+    entries = [e for op in ops for e in _entries(op)]
+    assert len(entries) == len(set(entries))
 
 
 def test_duplicate_end_commits_twice() -> None:

@@ -80,3 +80,13 @@ def test_rechecked_when_the_newest_check_copy_stays_open() -> None:
                       max_copy_offset=9, op_offsets={0, 9})[2]  # fmt: skip
     assert [a.anomaly_type for a in found] == ["DUPLICATE_COMMIT"]
     assert _classify(T0 + 10**6, commit_ts=[T0 + 100], resolved_ts=T0 + 200, op_offsets={0})[2] == []
+
+
+def test_rechecked_only_when_a_check_could_follow_the_resolution() -> None:
+    """The newest copy is a check copy no op lists; it counts as re-checked after the resolution unless the
+    broker had discarded the transaction before the op came (a late commit through its original half)."""
+    copies = {"max_check_times": 15, "max_copy_offset": 9, "op_offsets": {0}, "commit_ts": [T0 + 100_000]}
+    _, _, found = _classify(T0 + 10**6, **copies, resolved_ts=T0 + 100_500, discard_ts=T0 + 500)
+    assert sorted((a.anomaly_type, a.reason) for a in found) == [("ORPHANED_COMMIT", "AFTER_DISCARD")]
+    _, _, found = _classify(T0 + 10**6, **copies, resolved_ts=T0 + 100_500, discard_ts=T0 + 200_000)
+    assert sorted((a.anomaly_type, a.reason) for a in found) == [("RECHECKED_AFTER_RESOLUTION", None)]
