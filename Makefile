@@ -20,14 +20,18 @@ jars: $(STAMP)
 
 setup: $(STAMP) jars
 
-# The real RocketMQ the tests start (name server, broker, client, tools; version pinned in the POM), with
-# its dependencies, copied once from Maven Central into .jars/rocketmq.
-ROCKETMQ_JARS := .jars/rocketmq
-$(ROCKETMQ_JARS)/.fetched: tests/rocketmq/pom.xml
-	rm -rf $(ROCKETMQ_JARS)
-	mvn -B -q -f tests/rocketmq/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(ROCKETMQ_JARS)
+# The real RocketMQ the tests start (name server, broker, client, tools), with its dependencies, copied once
+# per version from Maven Central into .jars/rocketmq/<version>. The first version is the suite's broker for
+# every real-broker test and its client drives them all; the others run the version matrix
+# (tests/test_rocketmq_versions.py). `make test ROCKETMQ_VERSIONS=5.3.3` runs the main version alone.
+ROCKETMQ_VERSIONS ?= 5.3.3 4.9.7 5.5.0
+export ROCKETMQ_VERSIONS
+.jars/rocketmq/%/.fetched: tests/rocketmq/pom.xml
+	rm -rf .jars/rocketmq/$*
+	mvn -B -q -f tests/rocketmq/pom.xml -Drocketmq.version=$* dependency:copy-dependencies \
+	  -DoutputDirectory=$(CURDIR)/.jars/rocketmq/$*
 	touch $@
-rocketmq: $(ROCKETMQ_JARS)/.fetched
+rocketmq: $(foreach v,$(ROCKETMQ_VERSIONS),.jars/rocketmq/$(v)/.fetched)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -185,9 +185,9 @@ class Collector:
         streams = {name: Stream(self.landing / name, prefix, ENCODE[name]) for name in RECORD}
         try:
             with self.connect(address) as conn:
-                queues = self._queues(conn, broker, cluster, state, run)
+                queues, indexed = self._queues(conn, broker, cluster, state, run)
                 run.reached = True
-                whole = _pull_all(conn, self.settings.group, broker, queues, state, streams, run)
+                whole = _pull_all(conn, self.settings.group, broker, queues, indexed, state, streams, run)
                 self._snapshot_offsets(conn, broker, state, run, prefix)
                 run.complete = whole
         except RemotingError as e:
@@ -210,11 +210,20 @@ class Collector:
         return run
 
     def _queues(self, conn: Connection, broker: str, cluster: str, state: BrokerState,
-                run: BrokerRun) -> list[QueueId]:  # fmt: skip
-        """The queues to pull this pass. The topics named after the broker and its cluster only route
-        sends and hold nothing. A topic the broker no longer has is forgotten (one line), so a topic
-        created again under that name is read from its start."""
+                run: BrokerRun) -> tuple[list[QueueId], set[QueueId]]:  # fmt: skip
+        """The queues to read this pass, and those of them to read through the store's index rather than
+        pull. The topics named after the broker and its cluster only route sends and hold nothing. A topic
+        the broker no longer has is forgotten (one line), so a topic created again under that name is read
+        from its start. A 4.x broker keeps no topic config for its op topic: its queues are the half
+        topic's (an op queue per half queue), read by index."""
         topics = client.topic_queues(conn)
+        indexed: set[QueueId] = set()
+        if HALF_TOPIC in topics and OP_TOPIC not in topics:
+            topics[OP_TOPIC] = topics[HALF_TOPIC]
+            indexed = {(OP_TOPIC, q) for q in range(topics[HALF_TOPIC])}
+            if not state.positions.keys() & indexed:
+                log.info("collect %s: %s is not in the broker's topic table (RocketMQ 4.x); its queues are read "
+                         "through the consume-queue index", broker, OP_TOPIC)  # fmt: skip
         wanted = set(self.settings.topics)
 
         def chosen_topic(t: str) -> bool:
@@ -230,7 +239,7 @@ class Collector:
             state.positions = {k: v for k, v in state.positions.items() if k[0] != topic}
         for topic in sorted(wanted - set(topics)):
             log.warning("collect %s: configured topic %s is not on this broker", broker, topic)
-        return [(t, q) for t in sorted(chosen) for q in range(chosen[t])]
+        return [(t, q) for t in sorted(chosen) for q in range(chosen[t])], indexed
 
     def _snapshot_offsets(self, conn: Connection, broker: str, state: BrokerState, run: BrokerRun,
                           prefix: str) -> None:  # fmt: skip
@@ -325,11 +334,13 @@ def _opt(value: int | None) -> str:
     return "unknown" if value is None else str(value)
 
 
-def _pull_all(conn: Connection, group: str, broker: str, queues: list[QueueId], state: BrokerState,
-              streams: dict[str, Stream], run: BrokerRun) -> bool:  # fmt: skip
+def _pull_all(conn: Connection, group: str, broker: str, queues: list[QueueId], indexed: set[QueueId],
+              state: BrokerState, streams: dict[str, Stream], run: BrokerRun) -> bool:  # fmt: skip
     """Pull every queue up to its end; False if some queue could not be (it is read again next pass). A
     round sends one request per unfinished queue, pipelined on the one connection, _IN_FLIGHT at a time: a
-    round trip per chunk of queues, and the broker never holds more than a few MiB of answers for us."""
+    round trip per chunk of queues, and the broker never holds more than a few MiB of answers for us. The
+    `indexed` queues are read through the store's index instead (client.read_by_index), with the same
+    answer."""
     routes: dict[str, tuple[Callable[[str, Message], tuple[Any, ...]], Stream] | None] = {}
     retries: Counter[QueueId] = Counter()
     active = list(queues)
@@ -338,12 +349,13 @@ def _pull_all(conn: Connection, group: str, broker: str, queues: list[QueueId], 
         still = []
         for i in range(0, len(active), _IN_FLIGHT):
             sent = [
-                (q, client.send_pull(conn, group, *q, state.positions.get(q, 0))) for q in active[i : i + _IN_FLIGHT]
-            ]
-            for queue, opaque in sent:
-                if _apply(
-                    client.pull_result(conn.receive(opaque)), queue, broker, state, streams, routes, run, retries
-                ):
+                (q, client.read_by_index(conn, *q, state.positions.get(q, 0)) if q in indexed
+                 else client.send_pull(conn, group, *q, state.positions.get(q, 0)))
+                for q in active[i : i + _IN_FLIGHT]
+            ]  # fmt: skip
+            for queue, pending in sent:
+                result = pending if isinstance(pending, PullResult) else client.pull_result(conn.receive(pending))
+                if _apply(result, queue, broker, state, streams, routes, run, retries):
                     still.append(queue)
         active = still
         pulled = sum(run.messages.values())

@@ -16,6 +16,10 @@ tools send (apache/rocketmq 5.3.3):
   The broker checks the topic's read permission, not whether it is a system topic
   (`PullMessageProcessor.processRequest`), so the transaction topics can be pulled this way; 5.x gRPC
   proxies refuse them, hence remoting.
+- QUERY_CONSUME_QUEUE and VIEW_MESSAGE_BY_ID: `mqadmin queryCq` and `mqadmin queryMsgByOffset`, for a queue
+  a pull is refused on: 4.x creates no topic config for its op topic (only `fetchMessageQueues`, which its
+  check service calls for the half topic alone, creates one), so its pull answers TOPIC_NOT_EXIST while the
+  store holds the queue (seen on a 4.9.7 broker).
 """
 
 from __future__ import annotations
@@ -227,3 +231,36 @@ def pull_result(answer: Command) -> PullResult:
 
 def _long(text: str | None) -> int | None:
     return None if text is None else int(text)
+
+
+def read_by_index(conn: Connection, topic: str, queue_id: int, offset: int) -> PullResult:
+    """Up to PULL_BATCH messages of a queue the broker will not let us pull (RocketMQ 4.x keeps no topic
+    config for its op topic: a pull answers TOPIC_NOT_EXIST), as the answer a pull would have given.
+
+    QUERY_CONSUME_QUEUE reads the store's consume queue with no look at the topic table, and gives each
+    entry's commit-log offset; VIEW_MESSAGE_BY_ID then returns each message as stored, the bytes a pull
+    answer concatenates. The view requests are pipelined on the connection.
+    """
+    answer = conn.call(remoting.QUERY_CONSUME_QUEUE,
+                       {"topic": topic, "queueId": queue_id, "index": offset, "count": PULL_BATCH})  # fmt: skip
+    if answer.code == remoting.SYSTEM_ERROR and (answer.remark or "").endswith("is not exist!"):
+        return PullResult(remoting.PULL_NOT_FOUND, offset, None, None, b"", answer.remark)  # no such queue yet
+    if answer.code != remoting.SUCCESS:
+        return PullResult(answer.code, None, None, None, b"", answer.remark)
+    if not answer.body:  # the index is past the queue's end
+        return PullResult(remoting.PULL_NOT_FOUND, offset, None, None, b"", answer.remark)
+    index = _json(conn, answer, f"the consume queue of {topic} queue {queue_id}")
+    low, high = int(index["minQueueIndex"]), int(index["maxQueueIndex"])
+    if offset < low:  # retention deleted what we had not read: go on from the queue's start, as a pull says
+        return PullResult(remoting.PULL_OFFSET_MOVED, low, low, high, b"", "the offset is below the queue's start")
+    entries = index.get("queueData") or []
+    sent = [conn.send(remoting.VIEW_MESSAGE_BY_ID, {"topic": topic, "offset": int(e["physicOffset"])})
+            for e in entries]  # fmt: skip
+    bodies = []
+    for opaque, entry in zip(sent, entries, strict=True):
+        view = conn.receive(opaque)
+        if view.code != remoting.SUCCESS:
+            where = f"the message at commit-log offset {entry['physicOffset']} of {topic} queue {queue_id}"
+            return PullResult(view.code, None, None, None, b"", f"{where}: {first_line(view.remark)}")
+        bodies.append(view.body)
+    return PullResult(remoting.SUCCESS, offset + len(entries), low, high, b"".join(bodies), None)

@@ -304,11 +304,16 @@ public final class Scenario {
         out.println("{\"kind\":\"consumed\",\"member\":\"member-2\",\"messages\":" + sum(seen2) + "}");
     }
 
-    /** Until the group has consumed and committed all TxnTopic holds (a starved machine can take a while). */
+    /** Until the group has consumed and committed all TxnTopic holds (a starved machine can take a while).
+     *  Asked of the broker itself (GET_CONSUME_STATS): the route-based overload first sends GET_TOPIC_CONFIG,
+     *  which a 4.x broker does not know ("request type 351 not supported"). */
     static void awaitDrained(String namesrv, long timeoutMs) throws Exception {
         DefaultMQAdminExt admin = admin(namesrv);
+        String brokerAddr = admin.examineBrokerClusterInfo().getBrokerAddrTable().values().iterator().next()
+            .getBrokerAddrs().get(0L);
         long deadline = System.currentTimeMillis() + timeoutMs;
-        while (admin.examineConsumeStats(GROUP).computeTotalDiff() > 0 && System.currentTimeMillis() < deadline) {
+        while (admin.examineConsumeStats(brokerAddr, GROUP, TOPIC, 3000).computeTotalDiff() > 0
+            && System.currentTimeMillis() < deadline) {
             Thread.sleep(200);
         }
         admin.shutdown();

@@ -19,11 +19,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-JARS = REPO / ".jars" / "rocketmq"
+JARS_ROOT = REPO / ".jars" / "rocketmq"
+# The suite's main version (the POM's): its broker runs every real-broker test, its client drives them all.
 VERSION = re.search(r"<rocketmq.version>(.+?)</", (Path(__file__).parent / "pom.xml").read_text()).group(1)  # type: ignore[union-attr]
-CLASSPATH = f"{JARS}/*"
+# Every version `make rocketmq` fetched for this run (ROCKETMQ_VERSIONS), the main one first.
+VERSIONS = tuple(dict.fromkeys([VERSION, *os.environ.get("ROCKETMQ_VERSIONS", VERSION).split()]))
 JVM = ["-Xms64m", "-Xmx256m", "-XX:MaxDirectMemorySize=256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
 START_TIMEOUT_S = 90
+# A 4.x broker reaches into java.nio internals that JDK 17 closes, and configures logback from its home.
+JVM_4X = ["--add-opens", "java.base/java.nio=ALL-UNNAMED", "--add-opens", "java.base/sun.nio.ch=ALL-UNNAMED"]
+LOGBACK_4X = """<configuration>
+  <appender name="FILE" class="ch.qos.logback.core.FileAppender">
+    <file>${{user.home}}/logs/rocketmqlogs/{name}.log</file>
+    <encoder><pattern>%d{{HH:mm:ss.SSS}} %-5level %logger{{0}} - %msg%n</pattern></encoder>
+  </appender>
+  <root level="INFO"><appender-ref ref="FILE"/></root>
+</configuration>
+"""
+
+
+def classpath(version: str = VERSION) -> str:
+    return f"{JARS_ROOT / version}/*"
+
+
+def is_4x(version: str) -> bool:
+    return version.startswith("4.")
 
 
 @dataclass(frozen=True)
@@ -37,9 +57,10 @@ class BrokerSettings:
     commitlog_file_bytes: int = 64 * 1024  # small files: exports cross file boundaries
 
 
-def require_jars() -> None:
-    if not (JARS / f"rocketmq-broker-{VERSION}.jar").is_file():
-        raise RuntimeError(f"RocketMQ {VERSION} jars missing from {JARS}: run `make rocketmq` (part of `make test`)")
+def require_jars(version: str = VERSION) -> None:
+    if not (JARS_ROOT / version / f"rocketmq-broker-{version}.jar").is_file():
+        raise RuntimeError(f"RocketMQ {version} jars missing from {JARS_ROOT / version}: run `make rocketmq` "
+                           "(part of `make test`)")  # fmt: skip
 
 
 def _port_free(port: int) -> bool:
@@ -72,7 +93,8 @@ def compile_driver(out: Path) -> Path:
     """Scenario.java compiled against the client jars; returns the class folder."""
     require_jars()
     out.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["javac", "-nowarn", "-d", str(out), "-cp", CLASSPATH, str(Path(__file__).parent / "Scenario.java")],
+    source = Path(__file__).parent / "Scenario.java"
+    subprocess.run(["javac", "-nowarn", "-d", str(out), "-cp", classpath(), str(source)],
                    check=True, capture_output=True, text=True)  # fmt: skip
     return out
 
@@ -85,6 +107,7 @@ class RocketMQ:
     namesrv_port: int = field(default_factory=free_port)
     broker_port: int = field(default_factory=free_broker_port)
     acl: tuple[str, str] | None = None  # an access key and secret: the broker authenticates every request
+    version: str = VERSION  # the name server's and broker's (the client is always the main version's)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -102,8 +125,13 @@ class RocketMQ:
         home = self.home(name)
         home.mkdir(parents=True, exist_ok=True)
         (home / f"{name}.conf").write_text(conf)
-        cmd = ["java", *JVM, f"-Drocketmq.home.dir={home}", f"-Duser.home={home}", "-cp", CLASSPATH, main_class,
-               "-c", str(home / f"{name}.conf")]  # fmt: skip
+        jvm = JVM
+        if is_4x(self.version):
+            jvm = [*JVM, *JVM_4X]
+            (home / "conf").mkdir(exist_ok=True)
+            (home / "conf" / f"logback_{name}.xml").write_text(LOGBACK_4X.format(name=name))
+        cmd = ["java", *jvm, f"-Drocketmq.home.dir={home}", f"-Duser.home={home}", "-cp", classpath(self.version),
+               main_class, "-c", str(home / f"{name}.conf")]  # fmt: skip
         log = open(home / "console.log", "wb")  # noqa: SIM115 (the child keeps it)
         self.processes[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
@@ -144,7 +172,7 @@ class RocketMQ:
         )
 
     def start(self) -> RocketMQ:
-        require_jars()
+        require_jars(self.version)
         self._spawn("namesrv", "org.apache.rocketmq.namesrv.NamesrvStartup", f"listenPort={self.namesrv_port}\n")
         self._wait(lambda: not _port_free(self.namesrv_port), "the name server to listen")
         self.start_broker()
@@ -217,7 +245,7 @@ def _driver(classes: Path, phase: str, namesrv: str, out: Path, args: tuple[str,
     home.mkdir(parents=True, exist_ok=True)
     keys = [f"-Dacl.accessKey={acl[0]}", f"-Dacl.secretKey={acl[1]}"] if acl else []
     return ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", f"-Duser.home={home}", *keys,
-            "-cp", f"{classes}:{CLASSPATH}", "Scenario", phase, namesrv, str(out), *args]  # fmt: skip
+            "-cp", f"{classes}:{classpath()}", "Scenario", phase, namesrv, str(out), *args]  # fmt: skip
 
 
 def run_driver(classes: Path, phase: str, namesrv: str, out: Path, *args: str, home: Path,
