@@ -89,6 +89,12 @@ def simulate(
     return sim.run()
 
 
+def _transaction_id(b: BrokerState, txn: Txn) -> str | None:
+    """__transactionId__ as the broker stores it: the UNIQ_KEY from 5.1.0 (RIP-50, which came with batched
+    ops), nothing before (a 4.9.7 broker writes none)."""
+    return txn.uniq_key if b.batched_ops else None
+
+
 class Simulation:
     def __init__(self, n: int, seed: int, profile: Profile, sink: Sink, settings: BrokerSettings,
                  thresholds: Thresholds, progress: Callable[[int], None] | None) -> None:  # fmt: skip
@@ -345,7 +351,7 @@ class Simulation:
             txn.max_check_times = check_times
         # HALF field order (schemas/landing.py).
         rec = (
-            b.name, 0, offset, entry.phys, self.now, txn.born_ts, txn.uniq_key, txn.uniq_key, txn.group,
+            b.name, 0, offset, entry.phys, self.now, txn.born_ts, txn.uniq_key, _transaction_id(b, txn), txn.group,
             txn.topic, txn.queue_id, check_times, txn.immunity_s, prepared, txn.tags, txn.keys, txn.body_size,
         )  # fmt: skip
         self._emit("half", rec, self.now)
@@ -377,7 +383,7 @@ class Simulation:
             sys_flag = 0 if topic == DISCARD_TOPIC else SYS_FLAG_COMMIT
             rec = (
                 b.name, topic, queue_id, offset, phys, self.now, txn.born_ts, txn.uniq_key, sys_flag, True,
-                prepared_phys, txn.group, txn.uniq_key, txn.tags, txn.keys, txn.body_size, 0,
+                prepared_phys, txn.group, _transaction_id(b, txn), txn.tags, txn.keys, txn.body_size, 0,
             )  # fmt: skip
         self._emit("real", rec, self.now)
 

@@ -36,12 +36,22 @@ from sources import consumers as consumer_snapshot
 from sources import offsets as offset_table
 from sources.client import Connection, PullResult, Refused, RemotingError
 from sources.commitlog import Corrupt, Message, scan
-from sources.records import DISCARD_TOPIC, HALF_TOPIC, OP_TOPIC, RECORD, is_business_topic, stream_of
+from sources.records import (
+    DISCARD_TOPIC,
+    HALF_TOPIC,
+    OP_TOPIC,
+    RECORD,
+    ROCKSDB_HALF_TOPIC,
+    ROCKSDB_OP_TOPIC,
+    is_business_topic,
+    stream_of,
+)
 from sources.remoting import Credentials
 
 log = logging.getLogger(__name__)
 CHECK_GROUP = "CID_RMQ_SYS_TRANS"  # the transaction check service's own progress (MixAll.CID_SYS_RMQ_TRANS)
-TRANSACTION_TOPICS = (HALF_TOPIC, OP_TOPIC, DISCARD_TOPIC)
+# The RIP-82 topics are read to be counted, not landed (sources.records.stream_of).
+TRANSACTION_TOPICS = (HALF_TOPIC, OP_TOPIC, DISCARD_TOPIC, ROCKSDB_HALF_TOPIC, ROCKSDB_OP_TOPIC)
 _KEEP_BODY = frozenset({OP_TOPIC})
 _IN_FLIGHT = 16  # pull requests sent before their answers are read (each answer up to 256 KiB)
 _PROGRESS_EVERY = 100_000  # messages between two progress lines of one broker's pass
@@ -189,7 +199,7 @@ class Collector:
                 run.reached = True
                 whole = _pull_all(conn, self.settings.group, broker, queues, indexed, state, streams, run)
                 self._snapshot_offsets(conn, broker, state, run, prefix)
-                run.complete = whole
+                run.complete = whole and not _unreconciled(broker, state, run)
         except RemotingError as e:
             run.errors.append(str(e))
             run.refused = isinstance(e, Refused)
@@ -323,6 +333,20 @@ class Collector:
             durable_write(self.landing / "consumer" / f"{run_id}.jsonl",
                           "".join(ENCODE["consumer"](r) + "\n" for r in records))  # fmt: skip
             log.info("collect: %d consumer group(s) snapshot, %d records", len(groups), len(records))
+
+
+def _unreconciled(broker: str, state: BrokerState, run: BrokerRun) -> bool:
+    """Whether the broker has ever stored a RIP-82 half: then every pass is partial and says why, for as long
+    as txn-recon cannot reconcile what it keeps in RocksDB (its commits would look orphaned)."""
+    halves = state.positions.get((ROCKSDB_HALF_TOPIC, 0), 0)
+    if not halves:
+        return False
+    problem = (f"{broker} keeps transactions in RocksDB (RIP-82: transRocksDBEnable, transWriteOriginTransHalfEnable"
+               f"=false): its {halves} halves in {ROCKSDB_HALF_TOPIC} and their ops are not reconciled, so their "
+               "commits show as ORPHANED_COMMIT")  # fmt: skip
+    log.error("collect %s", problem)
+    run.errors.append(problem)
+    return True
 
 
 def _backlog(end: int | None, done: int | None) -> int | None:

@@ -14,10 +14,15 @@ from sources.commitlog import TRANSACTION_BITS, Message, properties
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+# RIP-82 (5.4+, transRocksDBEnable with transWriteOriginTransHalfEnable=false): halves and one op per end
+# request in these topics, check counts and discards in RocksDB. Not reconciled yet (README, RocketMQ versions).
+ROCKSDB_HALF_TOPIC = "RMQ_SYS_ROCKSDB_TRANS_HALF_TOPIC"
+ROCKSDB_OP_TOPIC = "RMQ_SYS_ROCKSDB_TRANS_OP_HALF_TOPIC"
 COMMIT_TYPE = 0x8
-# TopicValidator.SYSTEM_TOPIC_SET (5.3.3) and its prefix; `%` starts retry, DLQ and LMQ topics.
+# TopicValidator.SYSTEM_TOPIC_SET (5.5.0) and its prefix; `%` starts retry, DLQ and LMQ topics.
 SYSTEM_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "RMQ_SYS_TRACE_TOPIC", "SELF_TEST_TOPIC",
-                           "OFFSET_MOVED_EVENT", "CHECKPOINT_TOPIC", HALF_TOPIC, OP_TOPIC, DISCARD_TOPIC})  # fmt: skip
+                           "OFFSET_MOVED_EVENT", "CHECKPOINT_TOPIC", HALF_TOPIC, OP_TOPIC, DISCARD_TOPIC,
+                           ROCKSDB_HALF_TOPIC, ROCKSDB_OP_TOPIC})  # fmt: skip
 
 
 def is_business_topic(topic: str) -> bool:

@@ -7,6 +7,10 @@ on its landing must find every lifecycle state and anomaly that follows from wha
 On 4.9.7 the collector used to land no op at all: a 4.x broker keeps no topic config for its op topic, so
 a pull of it answers TOPIC_NOT_EXIST (sources/client.read_by_index). The main version's own, longer scenario
 (resets, young halves, a restart) is tests/test_real_broker.py.
+
+A 5.5.0 broker in RIP-82 mode (transactions kept in RocksDB) is not reconciled: collect and export-store
+must say so, and land none of its system messages as business messages (they did: 125 halves and 105 ops
+as `real` records of two made-up topics).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from jobs.cli import main
 from jobs.collect import _iso as collect_time
 from jobs.collect import _now as now
 from jobs.config import Config
@@ -105,3 +110,28 @@ def test_pipeline_matches_what_the_broker_did(spark: SparkSession, config: Confi
     consumed = sum(r["messages"] for r in played.truth if r["kind"] == "consumed")
     finals = spark.table(cfg.table("real_events")).where("topic = 'TxnTopic'").count()
     assert consumed == finals == sum(r["commit_count"] for r in life.values())
+
+
+RIP_82 = ("transRocksDBEnable=true", "transWriteOriginTransHalfEnable=false")
+
+
+@pytest.mark.skipif("5.5.0" not in VERSIONS[1:], reason="ROCKETMQ_VERSIONS does not name 5.5.0")
+def test_a_rip_82_broker_is_reported_not_reconciled(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    classes = compile_driver(tmp_path / "classes")
+    live, exported = tmp_path / "live", tmp_path / "exported"
+    with RocketMQ(tmp_path, SETTINGS, version="5.5.0", extra_conf=RIP_82) as rmq:
+        run_driver(classes, "young", rmq.namesrv, tmp_path / "truth.jsonl", home=tmp_path / "client")
+        assert main(["collect", "--namesrv", rmq.namesrv, "--landing", str(live), "--once"]) == 0
+        rmq.kill_broker()
+    assert main(["export-store", "--store", str(rmq.store), "--landing", str(exported), "--broker-name",
+                 rmq.broker_name]) == 0  # fmt: skip
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "RMQ_SYS_ROCKSDB_TRANS_HALF_TOPIC 5" in summary and "half 0, op 0, real 0" in summary, summary
+    [run] = collect_runs(live)
+    assert run["status"] == "partial" and (run["half"], run["op"], run["real"]) == (0, 0, 0), run
+    assert [e for e in run["errors"] if "RIP-82" in e and "its 5 halves" in e], run["errors"]
+    warnings = [r.getMessage() for r in caplog.records if "RIP-82" in r.getMessage()]
+    assert len(warnings) == 2, warnings  # one from each reader
+    landed_files = [f for landing in (live, exported) for s in ("half", "op", "real") for f in (landing / s).glob("*")]
+    assert landed_files == []

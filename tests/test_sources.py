@@ -94,8 +94,9 @@ def test_corrupt_records_are_reported_and_skipped() -> None:
 def test_records_by_topic() -> None:
     assert [stream_of(t) for t in ("RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
                                    "TRANS_CHECK_MAX_TIME_TOPIC", "orders", "%RETRY%g", "%DLQ%g", "SCHEDULE_TOPIC_XXXX",
-                                   "rmq_sys_wheel_timer", "TBW102")] == [
-        "half", "op", "real", "real", None, None, None, None, None]  # fmt: skip
+                                   "rmq_sys_wheel_timer", "TBW102", "RMQ_SYS_ROCKSDB_TRANS_HALF_TOPIC",
+                                   "RMQ_SYS_ROCKSDB_TRANS_OP_HALF_TOPIC")] == [
+        "half", "op", "real", "real", None, None, None, None, None, None, None]  # fmt: skip
     props = {
         "UNIQ_KEY": "u",
         "PGROUP": "pg",

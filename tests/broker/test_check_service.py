@@ -71,6 +71,16 @@ def test_op_body_formats_per_broker_version() -> None:
     assert all(body.isdigit() for body in bodies["broker-b"])  # <= 5.0: "17"
 
 
+def test_transaction_id_only_from_5_1() -> None:
+    """__transactionId__ came with RIP-50 (5.1.0): a 4.9.7 broker stored it on no half and no final message."""
+    run = run_model(400, seed=4, profile="clean", **QUIET)
+    stored = run.records["half"] + [r for r in run.records["real"] if r["transactional"]]
+    ids = {b: {r.get("transaction_id") == r["uniq_key"] for r in stored if r["broker_name"] == b}
+           for b in ("broker-a", "broker-b")}  # fmt: skip
+    assert ids == {"broker-a": {True}, "broker-b": {False}}
+    assert all(r.get("transaction_id") is None for r in stored if r["broker_name"] == "broker-b")
+
+
 def _batched_ops(run: Run) -> list[dict[str, Any]]:
     """broker-a's ops: it plays a 5.1+ broker, which batches them."""
     return [op for op in run.records["op"] if op["broker_name"] == "broker-a"]

@@ -108,6 +108,7 @@ class RocketMQ:
     broker_port: int = field(default_factory=free_broker_port)
     acl: tuple[str, str] | None = None  # an access key and secret: the broker authenticates every request
     version: str = VERSION  # the name server's and broker's (the client is always the main version's)
+    extra_conf: tuple[str, ...] = ()  # more broker.conf lines, `key=value`
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -146,7 +147,7 @@ class RocketMQ:
             f"transactionCheckInterval={s.check_interval_ms}", f"transactionTimeOut={s.transaction_timeout_ms}",
             f"transactionCheckMax={s.check_max}", f"transactionOpBatchInterval={s.op_batch_interval_ms}",
             "flushConsumerOffsetInterval=1000", "autoCreateTopicEnable=true", "autoCreateSubscriptionGroup=true",
-            "timerWheelEnable=false", *self._auth_conf(), "",
+            "timerWheelEnable=false", *self._auth_conf(), *self.extra_conf, "",
         ])  # fmt: skip
 
     def _auth_conf(self) -> list[str]:
