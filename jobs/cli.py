@@ -75,21 +75,23 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def configure_logging() -> None:
+def configure_logging(debug: bool = False) -> None:
     """Our progress at INFO on stderr; libraries at WARNING. PySpark's query-context loggers repeat,
-    as JSON with a JVM stack, the error we already report in one line, so they are silenced."""
+    as JSON with a JVM stack, the error we already report in one line, and py4j logs a Python traceback
+    for every call that finds the JVM gone (a dead JVM, which the job reports in one line; calls made on
+    the way out, too): both are silenced unless --debug."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     for name in ("jobs", "broker", "transforms", "schemas", "txn_recon"):
         logging.getLogger(name).setLevel(logging.INFO)
-    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
-        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger", "py4j"):
+        logging.getLogger(name).setLevel(logging.NOTSET if debug else logging.CRITICAL + 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command if command in JOBS else None).parse_args(argv)
-    configure_logging()
+    configure_logging(args.debug)
     prog = f"txn-recon {args.command}"
     try:
         overrides = {"warehouse": args.warehouse} if args.warehouse else None

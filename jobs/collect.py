@@ -31,6 +31,7 @@ from jobs.errors import TxnReconError
 from jobs.landing_files import ENCODE, Stream, durable_write, make_landing, read_state, write_state
 from jobs.lock import folder_lock
 from jobs.runs import new_run_id
+from jobs.signals import Stop, stop_on_signals
 from sources import client, remoting
 from sources import consumers as consumer_snapshot
 from sources import offsets as offset_table
@@ -148,8 +149,9 @@ def credentials(settings: CollectSettings) -> Credentials | None:
 class Collector:
     """Passes over one cluster into one landing folder."""
 
-    def __init__(self, namesrv: list[str], landing: Path, settings: CollectSettings) -> None:
+    def __init__(self, namesrv: list[str], landing: Path, settings: CollectSettings, stop: Stop | None = None) -> None:
         self.namesrv, self.landing, self.settings = namesrv, landing, settings
+        self.stop = stop or Stop()  # once set, a pass stops pulling at the end of its round
         self.creds = credentials(settings)
         self.folder = landing / "_collect"
 
@@ -197,7 +199,7 @@ class Collector:
             with self.connect(address) as conn:
                 queues, indexed = self._queues(conn, broker, cluster, state, run)
                 run.reached = True
-                whole = _pull_all(conn, self.settings.group, broker, queues, indexed, state, streams, run)
+                whole = _pull_all(conn, self.settings.group, broker, queues, indexed, state, streams, run, self.stop)
                 self._snapshot_offsets(conn, broker, state, run, prefix)
                 run.complete = whole and not _unreconciled(broker, state, run)
         except RemotingError as e:
@@ -359,17 +361,21 @@ def _opt(value: int | None) -> str:
 
 
 def _pull_all(conn: Connection, group: str, broker: str, queues: list[QueueId], indexed: set[QueueId],
-              state: BrokerState, streams: dict[str, Stream], run: BrokerRun) -> bool:  # fmt: skip
+              state: BrokerState, streams: dict[str, Stream], run: BrokerRun, stop: Stop) -> bool:  # fmt: skip
     """Pull every queue up to its end; False if some queue could not be (it is read again next pass). A
     round sends one request per unfinished queue, pipelined on the one connection, _IN_FLIGHT at a time: a
     round trip per chunk of queues, and the broker never holds more than a few MiB of answers for us. The
     `indexed` queues are read through the store's index instead (client.read_by_index), with the same
-    answer."""
+    answer. A stop asked for ends the pull after the round in flight; the rest is read next pass."""
     routes: dict[str, tuple[Callable[[str, Message], tuple[Any, ...]], Stream] | None] = {}
     retries: Counter[QueueId] = Counter()
     active = list(queues)
     pulled = next_progress = 0
     while active:
+        if stop.is_set():
+            run.errors.append(f"stopped by {stop.name} with {len(active)} queue(s) not at their end; read next pass")
+            run.queues_not_read += len(active)
+            break
         still = []
         for i in range(0, len(active), _IN_FLIGHT):
             sent = [
@@ -471,8 +477,11 @@ def run(args: argparse.Namespace, config: Config) -> int:
         raise TxnReconError(f"--every {args.every:g}: expected a positive number of seconds")
     landing: Path = args.landing
     make_landing(landing)
-    collector = Collector(namesrv, landing, config.collect)
-    with folder_lock(collector.folder, f"the collect state in {landing}", "collect", name=".collect.lock"):
+    with (
+        stop_on_signals() as stop,
+        folder_lock(landing / "_collect", f"the collect state in {landing}", "collect", name=".collect.lock"),
+    ):
+        collector = Collector(namesrv, landing, config.collect, stop)
         while True:
             started = time.monotonic()
             run_id = new_run_id(dt.datetime.now(dt.UTC), "collect")
@@ -481,9 +490,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
             read = [r for r in runs if r.status != "failed"]
             print(f"collect {run_id}: {len(read)} of {len(runs)} broker(s) read; "
                   + "; ".join(f"{r.broker_name or 'name server'} {r.status}" for r in runs), flush=True)  # fmt: skip
-            if args.every is None:
+            if args.every is None or stop.wait(max(args.every - (time.monotonic() - started), 0)):
                 break
-            time.sleep(max(args.every - (time.monotonic() - started), 0))
+    if stop.is_set():
+        print(f"txn-recon collect: stopped by {stop.name}; every pass is recorded, the next run goes on from it",
+              flush=True)  # fmt: skip
+        return 0
     if not read:
         first = runs[0].errors[0] if runs and runs[0].errors else "no broker"
         if runs and all(r.refused for r in runs):

@@ -33,6 +33,7 @@ def _conf_dir() -> Path:
 
 
 CONF_DIR = _conf_dir()
+JARS_DIR_VARIABLE = "TXN_RECON_JARS_DIR"  # the Delta jars' folder, over every layer
 ENVIRONMENTS = ("local", "cluster")
 
 
@@ -139,18 +140,36 @@ def load_config(
     env = env or os.environ.get("TXN_RECON_ENV", "local")
     if env not in ENVIRONMENTS:
         raise ConfigError(f"unknown environment {env!r}; expected one of {', '.join(ENVIRONMENTS)}")
-    layers = [CONF_DIR / "base.yaml", CONF_DIR / f"{env}.yaml"]
+    # A relative folder is taken from where it is written: conf/'s from the folder holding conf/ (the
+    # checkout), a --conf file's from that file's folder, the command line's from the working folder. So a
+    # job started from any folder (cron, a service) finds the same jars and warehouse as `make run`.
+    layers = [(CONF_DIR / "base.yaml", CONF_DIR.parent), (CONF_DIR / f"{env}.yaml", CONF_DIR.parent)]
     if conf_file is not None:
-        layers.append(Path(conf_file))
+        layers.append((Path(conf_file), Path(conf_file).absolute().parent))
     merged: dict[str, Any] = {}
-    for path in layers:
+    for path, base in layers:
         data = _read_yaml(path)
         _check_layer(data, Config, "", str(path))
-        merged = _merge(merged, data)
-    if overrides:
-        _check_layer(dict(overrides), Config, "", "command line")
-        merged = _merge(merged, dict(overrides))
+        merged = _merge(merged, _anchored(data, base))
+    command_line = dict(overrides or {})
+    if JARS_DIR_VARIABLE in os.environ:
+        command_line = _merge(command_line, {"spark": {"jars_dir": os.environ[JARS_DIR_VARIABLE]}})
+    if command_line:
+        _check_layer(command_line, Config, "", "command line")
+        merged = _merge(merged, _anchored(command_line, Path.cwd()))
     return _build(Config, merged, "")
+
+
+def _anchored(layer: dict[str, Any], base: Path) -> dict[str, Any]:
+    """The layer with its relative folders (warehouse, spark.jars_dir) made absolute against `base`."""
+    out = dict(layer)
+    warehouse = out.get("warehouse")
+    if isinstance(warehouse, str) and "://" not in warehouse:
+        out["warehouse"] = str(base / Path(warehouse).expanduser())
+    spark = out.get("spark")
+    if isinstance(spark, dict) and isinstance(spark.get("jars_dir"), str):
+        out["spark"] = {**spark, "jars_dir": str(base / Path(spark["jars_dir"]).expanduser())}
+    return out
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

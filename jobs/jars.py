@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jobs.config import SparkSettings, load_config
+from jobs.config import JARS_DIR_VARIABLE, SparkSettings, load_config
 from jobs.errors import SetupError, TxnReconError
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,8 @@ def local_jars(settings: SparkSettings) -> list[Path]:
     paths = [jar_path(settings.jars_dir, c) for c in settings.delta_packages]
     missing = [p.name for p in paths if not p.is_file()]
     if missing:
-        raise SetupError(f"Delta jars missing from {settings.jars_dir}: {', '.join(missing)} (run `make jars`)")
+        raise SetupError(f"Delta jars missing from {settings.jars_dir}: {', '.join(missing)} (run `make jars` in "
+                         f"the checkout, or point {JARS_DIR_VARIABLE} at a folder that holds them)")  # fmt: skip
     return paths
 
 

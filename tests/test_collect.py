@@ -1,6 +1,7 @@
 """`txn-recon collect` against a real RocketMQ 5.3.3 broker with ACL on: signed requests are accepted and a
 wrong secret gets one clear line; a collector killed in the middle of a pass and run again ends with the
-same bronze, after ingest, as an uninterrupted one. (The scenario collected live, and a broker restart
+same bronze, after ingest, as an uninterrupted one; one stopped by SIGTERM in the middle of a pass ends it
+there, exits 0 and loses nothing. (The scenario collected live, and a broker restart
 under a running collector, are in tests/test_real_broker.py.)
 """
 
@@ -110,3 +111,29 @@ def test_a_collector_killed_mid_pass_resumes_and_lands_the_same(broker: Broker, 
     assert not list(killed.rglob(".*.tmp")), "the rerun wrote the killed pass's files whole"
     state = json.loads((killed / "_collect" / "broker-a.json").read_text())
     assert state["passes"] == 1, "the killed pass is redone under its own number, not a new one"
+
+
+def test_sigterm_mid_pass_stops_cleanly_and_loses_nothing(broker: Broker, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    landing = tmp_path / "stopped"
+    env = dict(os.environ, TXN_RECON_ACCESS_KEY=ACL[0], TXN_RECON_SECRET_KEY=ACL[1])
+    cmd = [sys.executable, "-m", "jobs.collect", "--namesrv", broker.rmq.namesrv, "--landing", str(landing),
+           "--every", "60"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not any((landing / "real").glob(".*.tmp")):  # mid-pass
+        assert proc.poll() is None and time.monotonic() < deadline, "the pass ended before it could be stopped"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "collect: stopped by SIGTERM" in out and "Traceback" not in out, out
+    [run] = [json.loads(line) for f in (landing / "_collect" / "runs").glob("*.jsonl") for line in f.open()]
+    assert run["status"] == "partial" and run["errors"][0].startswith("stopped by SIGTERM with"), run
+    assert 0 < run["real"] < BULK, run  # stopped in the middle, with what it read landed
+    assert not list(landing.rglob(".*.tmp")), "a stopped pass leaves no half-written file"
+
+    code, out = collect(broker, landing, ACL, capsys, monkeypatch)
+    assert code == 0, out
+    assert Counter(r["topic"] for r in landed(landing / "real"))["BulkTopic"] == BULK  # nothing lost, nothing twice

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from jobs.cli import main
-from jobs.config import load_config
+from jobs.config import CONF_DIR, JARS_DIR_VARIABLE, load_config
 from jobs.errors import ConfigError
 
 
@@ -18,6 +20,35 @@ def test_base_and_local_layers_merge(tmp_path: Path) -> None:
     assert config.broker.check_max == 15
     assert config.thresholds.stuck_after_ms == 60000
     assert Path(config.warehouse).is_absolute()
+
+
+def test_relative_folders_are_taken_from_where_they_are_written(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A job started outside the checkout (cron, a service) finds the checkout's jars and warehouse."""
+    checkout = CONF_DIR.parent
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(JARS_DIR_VARIABLE, raising=False)
+    config = load_config()
+    assert (config.spark.jars_dir, config.warehouse) == (checkout / ".jars", str(checkout / "warehouse"))
+    mine = tmp_path / "etc" / "mine.yaml"
+    mine.parent.mkdir()
+    mine.write_text("warehouse: data/wh\nspark:\n  jars_dir: ../jars\n")
+    config = load_config(mine)
+    assert (config.spark.jars_dir, config.warehouse) == (tmp_path / "etc" / ".." / "jars", str(mine.parent / "data/wh"))
+    config = load_config(mine, overrides={"warehouse": "here"})
+    assert config.warehouse == str(tmp_path / "here")  # --warehouse: from the working folder
+    monkeypatch.setenv(JARS_DIR_VARIABLE, "/opt/jars")
+    assert load_config(mine).spark.jars_dir == Path("/opt/jars")
+
+
+def test_a_job_runs_from_any_folder(tmp_path: Path) -> None:
+    """`txn-recon spark-conf` needs the Delta jars: it used to fail outside the checkout."""
+    binary = Path(sys.executable).parent / "txn-recon"
+    run = subprocess.run([str(binary), "spark-conf", "--warehouse", str(tmp_path / "wh")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    written = (tmp_path / "wh" / "spark-conf" / "spark-defaults.conf").read_text()
+    assert str(CONF_DIR.parent / ".jars" / "delta-storage") in written
 
 
 def test_cluster_environment_uses_packages_and_no_master() -> None:

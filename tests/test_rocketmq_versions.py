@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from jobs.reconcile import reconcile
 from tests.rocketmq.cluster import VERSIONS, BrokerSettings, RocketMQ, compile_driver, run_driver, wait_for
 from tests.rocketmq.truth import expected
 from tests.test_ingest import fresh_db, ingest, landed
-from tests.test_real_broker import collect_runs, export, start_collector
+from tests.test_real_broker import collect_runs, export, start_collector, stop_collector, whole_passes
 
 pytestmark = pytest.mark.spark
 SETTINGS = BrokerSettings()
@@ -48,6 +47,7 @@ class Played:
     live: Path  # what the collector landed
     exported: Path  # what export-store read from the store afterwards
     collector_log: str
+    collector_exit: int  # after the SIGTERM that stopped it
 
 
 NONE = pytest.param(None, marks=pytest.mark.skip("ROCKETMQ_VERSIONS names no version but the main one"))
@@ -68,22 +68,22 @@ def played(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             wait_for(lambda: any(r["status"] == "ok" and r["started_at"] > settled for r in collect_runs(live)),
                      "a whole collect pass after the driver settled")  # fmt: skip
         finally:
-            collector.send_signal(signal.SIGTERM)
-            collector.wait(30)
+            exit_code = stop_collector(collector)
         rmq.kill_broker()
         time.sleep(0.5)
         export(rmq.store, exported, rmq.broker_name)
     lines = [json.loads(line) for line in truth.read_text().splitlines()]
-    return Played(version, lines, live, exported, log.read_text())
+    return Played(version, lines, live, exported, log.read_text(), exit_code)
 
 
 def test_collect_lands_what_the_store_holds(played: Played) -> None:
     for stream in ("half", "op", "real"):
         live, stored = landed(played.live / stream), landed(played.exported / stream)
         assert stored and live == stored, (played.version, stream, len(live), len(stored))
-    runs = collect_runs(played.live)
+    runs = whole_passes(played.live)
     assert runs and all(r["status"] == "ok" and not r["errors"] for r in runs), (played.version, runs[-3:])
     assert "Traceback" not in played.collector_log
+    assert played.collector_exit == 0 and "collect: stopped by SIGTERM" in played.collector_log
 
 
 def test_pipeline_matches_what_the_broker_did(spark: SparkSession, config: Config, played: Played) -> None:
