@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("jobs", "schemas", "transforms", "broker")
+PACKAGES = ("jobs", "schemas", "transforms", "broker", "dashboard")
 DEFAULT = ROOT / "dist" / "txn_recon.zip"
 
 

@@ -2,7 +2,7 @@
 the gold, silver and data-quality tables (DESIGN §4).
 
 Spark aggregates; only small results (counts per time bucket, the oldest or latest few hundred rows)
-reach the driver, and `jobs.dashboard` turns them into HTML with no further Spark.
+reach the driver, and the `dashboard` package turns them into HTML with no further Spark.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.window import WindowSpec
 
-from jobs import dashboard
-from jobs.charts import bucket_ms
+from dashboard import page
+from dashboard.charts import bucket_ms
 from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.lock import warehouse_lock
@@ -63,7 +63,7 @@ def write_page(path: Path, data: dict[str, Any]) -> Path:
     """Render gathered data and replace the page at `path` at once: a reader never sees half a page."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dashboard.render(data), encoding="utf-8")
+    tmp.write_text(page.render(data), encoding="utf-8")
     tmp.replace(path)
     return path
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from jobs.charts import bucket_ms, stacked_bars
-from jobs.dashboard import render
+from dashboard.charts import bucket_ms, stacked_bars
+from dashboard.page import render
 
 T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
 

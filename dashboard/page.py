@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
-from jobs.charts import stacked_bars, time_label, timeline
+from dashboard.charts import stacked_bars, time_label, timeline
 from schemas.quality import ANOMALY_TYPES
 
 STATE_ORDER = ("COMMITTED", "ROLLED_BACK", "DISCARDED", "PENDING")
