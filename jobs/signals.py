@@ -21,8 +21,12 @@ class Stop(threading.Event):
 
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[Stop]:
-    """A Stop that SIGTERM and SIGINT set while the block runs; the previous handlers come back after."""
+    """A Stop that SIGTERM and SIGINT set while the block runs; the previous handlers come back after.
+    Only the main thread can take signals: elsewhere the Stop is the caller's to set."""
     stop = Stop()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
 
     def handle(signum: int, _frame: FrameType | None) -> None:
         stop.name = signal.Signals(signum).name
