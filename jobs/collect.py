@@ -45,6 +45,7 @@ from sources.records import (
     ROCKSDB_HALF_TOPIC,
     ROCKSDB_OP_TOPIC,
     is_business_topic,
+    rocksdb_problem,
     stream_of,
 )
 from sources.remoting import Credentials
@@ -343,9 +344,7 @@ def _unreconciled(broker: str, state: BrokerState, run: BrokerRun) -> bool:
     halves = state.positions.get((ROCKSDB_HALF_TOPIC, 0), 0)
     if not halves:
         return False
-    problem = (f"{broker} keeps transactions in RocksDB (RIP-82: transRocksDBEnable, transWriteOriginTransHalfEnable"
-               f"=false): its {halves} halves in {ROCKSDB_HALF_TOPIC} and their ops are not reconciled, so their "
-               "commits show as ORPHANED_COMMIT")  # fmt: skip
+    problem = rocksdb_problem(broker, f"its {halves}")
     log.error("collect %s", problem)
     run.errors.append(problem)
     return True

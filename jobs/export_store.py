@@ -27,7 +27,7 @@ from jobs.landing_files import ENCODE, Stream, make_landing, read_state, write_s
 from jobs.lock import folder_lock
 from sources import offsets as offset_file
 from sources.commitlog import Corrupt, DataEnd, FileEnd, Message, scan
-from sources.records import OP_TOPIC, RECORD, ROCKSDB_HALF_TOPIC, stream_of
+from sources.records import OP_TOPIC, RECORD, ROCKSDB_HALF_TOPIC, rocksdb_problem, stream_of
 
 log = logging.getLogger(__name__)
 _RELEASE_EVERY = 50_000  # messages between two releases of the pages read (tens of MiB)
@@ -224,9 +224,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         _export_offsets(store, landing, broker, state, summary)
         state.save(state_path)
     if any((store / "consumequeue" / ROCKSDB_HALF_TOPIC).glob("*/*")):
-        log.warning("%s keeps transactions in RocksDB (RIP-82: transRocksDBEnable, transWriteOriginTransHalfEnable="
-                    "false): its halves in %s and their ops are not reconciled, so their commits show as "
-                    "ORPHANED_COMMIT", broker, ROCKSDB_HALF_TOPIC)  # fmt: skip
+        log.warning("%s", rocksdb_problem(broker, "its"))
     skipped = ", ".join(f"{t} {n}" for t, n in sorted(summary.skipped.items())) or "none"
     print(f"export-store {broker}: commit log {started_at} -> {state.position}; records: "
           f"half {summary.records['half']}, op {summary.records['op']}, real {summary.records['real']}; "

@@ -18,6 +18,7 @@ DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 # request in these topics, check counts and discards in RocksDB. Not reconciled yet (README, RocketMQ versions).
 ROCKSDB_HALF_TOPIC = "RMQ_SYS_ROCKSDB_TRANS_HALF_TOPIC"
 ROCKSDB_OP_TOPIC = "RMQ_SYS_ROCKSDB_TRANS_OP_HALF_TOPIC"
+
 COMMIT_TYPE = 0x8
 # TopicValidator.SYSTEM_TOPIC_SET (5.5.0) and its prefix; `%` starts retry, DLQ and LMQ topics.
 SYSTEM_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "RMQ_SYS_TRACE_TOPIC", "SELF_TEST_TOPIC",
@@ -38,6 +39,13 @@ def stream_of(topic: str) -> str | None:
     if topic == DISCARD_TOPIC or is_business_topic(topic):
         return "real"
     return None
+
+
+def rocksdb_problem(broker: str, halves: str) -> str:
+    """What both readers say of a broker that has stored RIP-82 halves (`halves`: how many, or "its")."""
+    return (f"{broker} keeps transactions in RocksDB (RIP-82: transRocksDBEnable, transWriteOriginTransHalfEnable"
+            f"=false): {halves} halves in {ROCKSDB_HALF_TOPIC} and their ops are not reconciled, so their commits "
+            "show as ORPHANED_COMMIT")  # fmt: skip
 
 
 def _int(value: str | None) -> int | None:
