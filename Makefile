@@ -61,7 +61,7 @@ package: setup
 
 # Two workers, one test file each at a time, the longest files first (tests/conftest.py).
 test: lint browser airflow rocketmq
-	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=20
 
 # The main job: simulate the default profile (100,000 transactions) into landing/demo, ingest,
 # reconcile, check data quality, write the dashboard, and score the anomalies against the model's truth.
