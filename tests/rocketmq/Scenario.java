@@ -7,6 +7,7 @@ import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeMap;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutorService;
@@ -61,7 +62,8 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  *
  * Fates (the message key is FATE-n; the listener answers by fate, the way the application it stands for would):
  * COMMIT, ROLLBACK: decided at once; a check answers from the decision (a check that beats the batched op
- *   commits a second time). CHECK_COMMIT, CHECK_ROLLBACK: UNKNOW at first, decided by the first check.
+ *   commits a second time). The client sends every end request oneway and never learns whether it arrived,
+ *   so "finals" counts the final messages as the consumers received them. CHECK_COMMIT, CHECK_ROLLBACK: UNKNOW at first, decided by the first check.
  * UNKNOW_FOREVER: every answer UNKNOW, so the broker discards it after CHECK_MAX checks.
  * ORPHAN_SENDER: sent by a second member of the group that exits at once; the check reaches the other member,
  *   which commits it.
@@ -76,6 +78,8 @@ public final class Scenario {
     static final String GROUP = "CG_RECON";
     static final Map<String, Txn> TXNS = new ConcurrentHashMap<>();
     static final AtomicLong LAST_CHECK = new AtomicLong();
+    /** The final messages the group received, by uniq key: "queue:offset", each a message of its own. */
+    static final Map<String, Set<String>> FINALS = new ConcurrentHashMap<>();
 
     static final class Txn {
         final String fate;
@@ -100,7 +104,8 @@ public final class Scenario {
             return "{\"kind\":\"txn\",\"uniq_key\":\"" + uniqKey + "\",\"fate\":\"" + fate + "\",\"producer_group\":\""
                 + group + "\",\"sender\":\"" + sender + "\",\"half_queue_offset\":" + halfQueueOffset
                 + ",\"sent_at\":" + sentAt + ",\"local\":\"" + local + "\",\"local_at\":" + localAt
-                + ",\"decision\":\"" + decision + "\",\"checks\":[" + String.join(",", checks) + "]}";
+                + ",\"decision\":\"" + decision + "\",\"finals\":" + FINALS.getOrDefault(uniqKey, Set.of()).size()
+                + ",\"checks\":[" + String.join(",", checks) + "]}";
         }
     }
 
@@ -240,6 +245,8 @@ public final class Scenario {
         c.registerMessageListener((MessageListenerConcurrently) (msgs, ctx) -> {
             for (MessageExt m : msgs) {
                 seen.merge(m.getMsgId(), 1, Integer::sum);
+                FINALS.computeIfAbsent(m.getMsgId(), k -> ConcurrentHashMap.newKeySet())
+                    .add(m.getQueueId() + ":" + m.getQueueOffset());
             }
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
         });
@@ -315,8 +322,10 @@ public final class Scenario {
         String brokerAddr = admin.examineBrokerClusterInfo().getBrokerAddrTable().values().iterator().next()
             .getBrokerAddrs().get(0L);
         long deadline = System.currentTimeMillis() + timeoutMs;
-        while (admin.examineConsumeStats(brokerAddr, GROUP, TOPIC, 3000).computeTotalDiff() > 0
-            && System.currentTimeMillis() < deadline) {
+        while (admin.examineConsumeStats(brokerAddr, GROUP, TOPIC, 3000).computeTotalDiff() > 0) {
+            if (System.currentTimeMillis() > deadline) {
+                throw new IOException(GROUP + " had not consumed all of " + TOPIC + " after " + timeoutMs + " ms");
+            }
             Thread.sleep(200);
         }
         admin.shutdown();
