@@ -353,6 +353,7 @@ class Simulation:
         rec = (
             b.name, 0, offset, entry.phys, self.now, txn.born_ts, txn.uniq_key, _transaction_id(b, txn), txn.group,
             txn.topic, txn.queue_id, check_times, txn.immunity_s, prepared, txn.tags, txn.keys, txn.body_size,
+            None,  # the classic half topic (no RIP-82 in the model)
         )  # fmt: skip
         self._emit("half", rec, self.now)
         return entry
@@ -426,7 +427,7 @@ class Simulation:
         offset = b.op_next
         b.op_next += 1
         # OP field order (schemas/landing.py).
-        rec = (b.name, 0, offset, self._phys(b, 200 + len(body)), self.now, self.now, OP_TAG, body)
+        rec = (b.name, 0, offset, self._phys(b, 200 + len(body)), self.now, self.now, OP_TAG, body, None)
         self._emit("op", rec, self.now)
         for half_offset, txn in items:
             txn.op_offsets.add(half_offset)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 from delta.tables import DeltaTable
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, SparkSession
+from pyspark.sql import functions as F
 
 from jobs.config import Config
 from schemas.model import Schema
 from schemas.spark import to_struct
+
+log = logging.getLogger(__name__)
 
 
 def create_table(
@@ -32,3 +36,18 @@ def create_table(
         builder = builder.clusterBy(*cluster_by)
     builder.execute()
     return table
+
+
+def add_new_fields(spark: SparkSession, table: str, schema: Schema) -> None:
+    """Bring a table an older version wrote up to `schema`: the fields added since (nullable ones only),
+    each stored as its default in the rows that predate it. For bronze, the record of what was landed:
+    it is migrated in place, never rebuilt."""
+    have = set(spark.table(table).columns)
+    new = [f for f in to_struct(schema).fields if f.name not in have]
+    if not new:
+        return
+    log.warning("%s: adding the column(s) %s of this version", table, ", ".join(f.name for f in new))
+    spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({', '.join(f'{f.name} {f.dataType.simpleString()}' for f in new)})")
+    filled: dict[str, str | Column] = {f.name: F.lit(schema.defaults[f.name]) for f in new if f.name in schema.defaults}
+    if filled:
+        DeltaTable.forName(spark, table).update(set=filled)

@@ -44,15 +44,15 @@ from sources.records import (
     RECORD,
     ROCKSDB_HALF_TOPIC,
     ROCKSDB_OP_TOPIC,
+    half_log_offset,
     is_business_topic,
-    rocksdb_problem,
+    rocksdb_op_record,
     stream_of,
 )
 from sources.remoting import Credentials
 
 log = logging.getLogger(__name__)
 CHECK_GROUP = "CID_RMQ_SYS_TRANS"  # the transaction check service's own progress (MixAll.CID_SYS_RMQ_TRANS)
-# The RIP-82 topics are read to be counted, not landed (sources.records.stream_of).
 TRANSACTION_TOPICS = (HALF_TOPIC, OP_TOPIC, DISCARD_TOPIC, ROCKSDB_HALF_TOPIC, ROCKSDB_OP_TOPIC)
 _KEEP_BODY = frozenset({OP_TOPIC})
 _IN_FLIGHT = 16  # pull requests sent before their answers are read (each answer up to 256 KiB)
@@ -202,7 +202,7 @@ class Collector:
                 run.reached = True
                 whole = _pull_all(conn, self.settings.group, broker, queues, indexed, state, streams, run, self.stop)
                 self._snapshot_offsets(conn, broker, state, run, prefix)
-                run.complete = whole and not _unreconciled(broker, state, run)
+                run.complete = whole
         except RemotingError as e:
             run.errors.append(str(e))
             run.refused = isinstance(e, Refused)
@@ -338,18 +338,6 @@ class Collector:
             log.info("collect: %d consumer group(s) snapshot, %d records", len(groups), len(records))
 
 
-def _unreconciled(broker: str, state: BrokerState, run: BrokerRun) -> bool:
-    """Whether the broker has ever stored a RIP-82 half: then every pass is partial and says why, for as long
-    as txn-recon cannot reconcile what it keeps in RocksDB (its commits would look orphaned)."""
-    halves = state.positions.get((ROCKSDB_HALF_TOPIC, 0), 0)
-    if not halves:
-        return False
-    problem = rocksdb_problem(broker, f"its {halves}")
-    log.error("collect %s", problem)
-    run.errors.append(problem)
-    return True
-
-
 def _backlog(end: int | None, done: int | None) -> int | None:
     """How far the check service's committed offset trails the queue's end as this pass read it."""
     return None if end is None or done is None else max(end - done, 0)
@@ -384,7 +372,7 @@ def _pull_all(conn: Connection, group: str, broker: str, queues: list[QueueId], 
             ]  # fmt: skip
             for queue, pending in sent:
                 result = pending if isinstance(pending, PullResult) else client.pull_result(conn.receive(pending))
-                if _apply(result, queue, broker, state, streams, routes, run, retries):
+                if _apply(result, queue, broker, state, streams, routes, run, retries, conn):
                     still.append(queue)
         active = still
         pulled = sum(run.messages.values())
@@ -395,14 +383,23 @@ def _pull_all(conn: Connection, group: str, broker: str, queues: list[QueueId], 
 
 
 def _apply(result: PullResult, queue: QueueId, broker: str, state: BrokerState, streams: dict[str, Stream],
-           routes: dict[str, Any], run: BrokerRun, retries: Counter[QueueId]) -> bool:  # fmt: skip
+           routes: dict[str, Any], run: BrokerRun, retries: Counter[QueueId], conn: Connection) -> bool:  # fmt: skip
     """Take one pull answer into the streams and positions; True if the queue has more to read now."""
     topic, queue_id = queue
     at = state.positions.get(queue, 0)
     where = f"collect {broker}: {topic} queue {queue_id}"
     if result.code == remoting.SUCCESS:
         for entry in scan(result.body, 0, 0, _KEEP_BODY):
-            if isinstance(entry, Message):
+            if isinstance(entry, Message) and entry.topic == ROCKSDB_OP_TOPIC:
+                op = _rocksdb_op(conn, broker, entry)
+                if op is None:  # as export-store does: the half is gone for good, so is what the op says
+                    gone = f"the op at offset {entry.queue_offset} names a half the broker no longer holds"
+                    run.errors.append(f"{topic} queue {queue_id}: {gone}; not landed")
+                    log.warning("%s: %s (retention deleted it); the op is not landed", where, gone)
+                else:
+                    streams["op"].add(op)
+                run.messages[entry.topic] += 1
+            elif isinstance(entry, Message):
                 route = routes.get(entry.topic, False)
                 if route is False:
                     name = stream_of(entry.topic)
@@ -454,6 +451,19 @@ def _apply(result: PullResult, queue: QueueId, broker: str, state: BrokerState, 
     run.errors.append(f"{topic} queue {queue_id}: {reason}")
     run.queues_not_read += 1
     return False
+
+
+def _rocksdb_op(conn: Connection, broker: str, op: Message) -> tuple[Any, ...] | None:
+    """A RIP-82 op as a landing record: the half it names by commit-log offset, read from the broker, gives
+    the queue offset the record lists. None if the broker has no such half."""
+    log_offset = half_log_offset(op)
+    stored = None if log_offset is None else client.message_at(conn, ROCKSDB_HALF_TOPIC, log_offset)
+    if log_offset is None or stored is None:
+        return None
+    half = next(scan(stored, log_offset, 0), None)
+    if not isinstance(half, Message) or half.topic != ROCKSDB_HALF_TOPIC:
+        return None
+    return rocksdb_op_record(broker, op, half.queue_offset)
 
 
 def _need(value: int | None, where: str) -> int:

@@ -27,7 +27,15 @@ from jobs.landing_files import ENCODE, Stream, make_landing, read_state, write_s
 from jobs.lock import folder_lock
 from sources import offsets as offset_file
 from sources.commitlog import Corrupt, DataEnd, FileEnd, Message, scan
-from sources.records import OP_TOPIC, RECORD, ROCKSDB_HALF_TOPIC, rocksdb_problem, stream_of
+from sources.records import (
+    OP_TOPIC,
+    RECORD,
+    ROCKSDB_HALF_TOPIC,
+    ROCKSDB_OP_TOPIC,
+    half_log_offset,
+    rocksdb_op_record,
+    stream_of,
+)
 
 log = logging.getLogger(__name__)
 _RELEASE_EVERY = 50_000  # messages between two releases of the pages read (tens of MiB)
@@ -67,6 +75,7 @@ class Summary:
     corrupt: int = 0
     offsets: int = 0
     offsets_skipped: int = 0
+    ops_without_half: int = 0  # RIP-82 ops whose half the store no longer holds (retention)
 
 
 def commitlog_files(folder: Path) -> list[tuple[int, Path]]:
@@ -128,6 +137,42 @@ def _messages(files: list[tuple[int, Path]], position: int, summary: Summary) ->
     yield Stop(position)
 
 
+class Halves:
+    """The queue offsets of RIP-82 halves, looked up by their commit-log offset (a RIP-82 op names its half
+    so). The file last read stays mapped: an op is written soon after its half."""
+
+    def __init__(self, files: list[tuple[int, Path]]) -> None:
+        self.files = files
+        self.mapped: tuple[int, mmap.mmap] | None = None
+
+    def queue_offset(self, log_offset: int) -> int | None:
+        """The queue offset of the RIP-82 half at `log_offset`, or None if the store has no such half."""
+        starts = [start for start, _ in self.files if start <= log_offset]
+        if not starts:
+            return None
+        start = starts[-1]
+        if self.mapped is None or self.mapped[0] != start:
+            self.close()
+            path = dict(self.files)[start]
+            try:
+                with open(path, "rb") as f:
+                    self.mapped = (start, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            except (OSError, ValueError):  # gone, or empty
+                return None
+        buf = self.mapped[1]
+        if log_offset - start >= len(buf):
+            return None
+        with contextlib.closing(scan(buf, start, log_offset - start)) as entries:
+            first = next(entries, None)
+        ok = isinstance(first, Message) and first.topic == ROCKSDB_HALF_TOPIC and first.position == log_offset
+        return first.queue_offset if ok and isinstance(first, Message) else None
+
+    def close(self) -> None:
+        if self.mapped is not None:
+            self.mapped[1].close()
+            self.mapped = None
+
+
 def _release(buf: mmap.mmap, start: int, end: int) -> int:
     """Drop the pages of [start, end) from this process's mapping: they stay in the page cache, but the
     export's resident memory stays flat in the commit log's size. Returns the new released boundary."""
@@ -148,11 +193,15 @@ def _export_commitlog(store: Path, landing: Path, broker: str, state: State, sum
     # Per topic: how its messages become records and the stream they go to (None: skipped).
     routes: dict[str, tuple[Callable[[str, Message], tuple[Any, ...]], Stream] | None] = {}
     stop = Stop(state.position)
+    halves = Halves(files)
     try:
         for item in _messages(files, state.position, summary):
             if isinstance(item, Stop):
                 stop = item
                 break
+            if item.topic == ROCKSDB_OP_TOPIC:
+                _add_rocksdb_op(broker, item, halves, streams["op"], summary)
+                continue
             route = routes.get(item.topic, _UNSEEN)
             if route is _UNSEEN:
                 name = stream_of(item.topic)
@@ -163,10 +212,23 @@ def _export_commitlog(store: Path, landing: Path, broker: str, state: State, sum
             to_record, stream = route
             stream.add(to_record(broker, item))
     finally:
+        halves.close()
         for name, s in streams.items():
             s.close()
             summary.records[name] = s.total
     return stop
+
+
+def _add_rocksdb_op(broker: str, m: Message, halves: Halves, ops: Stream, summary: Summary) -> None:
+    log_offset = half_log_offset(m)
+    queue_offset = None if log_offset is None else halves.queue_offset(log_offset)
+    if queue_offset is None:
+        summary.ops_without_half += 1
+        log.warning("the %s op at commit-log offset %d names no half the store holds (TRANS_OFFSET %s): "
+                    "retention deleted it, so this op is not exported",
+                    ROCKSDB_OP_TOPIC, m.position, log_offset)  # fmt: skip
+        return
+    ops.add(rocksdb_op_record(broker, m, queue_offset))
 
 
 def _read_offsets(store: Path) -> tuple[dict[str, dict[int, int]], int] | None:
@@ -223,13 +285,14 @@ def run(args: argparse.Namespace, config: Config) -> int:
             raise TxnReconError(stop.error)
         _export_offsets(store, landing, broker, state, summary)
         state.save(state_path)
-    if any((store / "consumequeue" / ROCKSDB_HALF_TOPIC).glob("*/*")):
-        log.warning("%s", rocksdb_problem(broker, "its"))
     skipped = ", ".join(f"{t} {n}" for t, n in sorted(summary.skipped.items())) or "none"
-    print(f"export-store {broker}: commit log {started_at} -> {state.position}; records: "
-          f"half {summary.records['half']}, op {summary.records['op']}, real {summary.records['real']}; "
-          f"offset records {summary.offsets} ({summary.offsets_skipped} internal queue offsets skipped); "
-          f"corrupt records {summary.corrupt}; skipped topics: {skipped}")  # fmt: skip
+    print(
+        f"export-store {broker}: commit log {started_at} -> {state.position}; records: "
+        f"half {summary.records['half']}, op {summary.records['op']}, real {summary.records['real']}; "
+        f"offset records {summary.offsets} ({summary.offsets_skipped} internal queue offsets skipped); "
+        f"corrupt records {summary.corrupt}; skipped topics: {skipped}"
+        + (f"; RIP-82 ops whose half is gone {summary.ops_without_half}" if summary.ops_without_half else "")
+    )
     return 0
 
 

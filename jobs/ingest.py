@@ -24,7 +24,7 @@ from typing import Any
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.catalog import create_table
+from jobs.catalog import add_new_fields, create_table
 from jobs.config import Config
 from jobs.errors import EngineError, TxnReconError, first_line, is_unreadable_file
 from jobs.lock import warehouse_lock
@@ -128,6 +128,8 @@ def ensure_tables(spark: SparkSession, config: Config) -> None:
         if schema.name not in existing:
             create_table(spark, config, schema, properties={"delta.enableChangeDataFeed": "true"},
                          cluster_by=CLUSTER_BY[stream], stats_columns=STATS_COLUMNS[stream])  # fmt: skip
+        else:
+            add_new_fields(spark, config.table(schema.name), schema)
     for schema in (QUARANTINE, INGEST_RUNS, INGEST_FILES):
         if schema.name not in existing:
             create_table(spark, config, schema)

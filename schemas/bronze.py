@@ -13,8 +13,8 @@ BOOKKEEPING = (
 
 # Natural keys (DESIGN §1); an offset commit or a snapshot row has none, so the whole record is its key.
 KEYS = {
-    "half": ("broker_name", "queue_id", "queue_offset"),
-    "op": ("broker_name", "queue_id", "queue_offset"),
+    "half": ("broker_name", "topic", "queue_id", "queue_offset"),
+    "op": ("broker_name", "topic", "queue_id", "queue_offset"),
     "real": ("broker_name", "topic", "queue_id", "queue_offset"),
     "offset": ("_record_hash",),
     "consumer": ("_record_hash",),

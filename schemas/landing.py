@@ -15,6 +15,13 @@ _STORED = (
     Field("born_timestamp", "long", doc="producer clock at send"),
 )
 
+# The topics a half or an op is stored in: the classic ones, or RIP-82's (5.4+, transRocksDBEnable with
+# transWriteOriginTransHalfEnable=false), whose offsets start at 0 again. A RIP-82 op is landed as a classic
+# one: its reader turns the half's commit-log offset it holds (TRANS_OFFSET) into the half's queue offset.
+HALF_TOPIC, ROCKSDB_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_ROCKSDB_TRANS_HALF_TOPIC"
+OP_TOPIC, ROCKSDB_OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC", "RMQ_SYS_ROCKSDB_TRANS_OP_HALF_TOPIC"
+HALF_TOPIC_OF_OP = {OP_TOPIC: HALF_TOPIC, ROCKSDB_OP_TOPIC: ROCKSDB_HALF_TOPIC}
+
 HALF = Schema(
     "half",
     _STORED
@@ -30,8 +37,9 @@ HALF = Schema(
         Field("tags", "string", nullable=True),
         Field("keys", "string", nullable=True),
         Field("body_size", "int", nullable=True),
+        Field("topic", "string", nullable=True, default=HALF_TOPIC, doc=f"absent: {HALF_TOPIC}"),
     ),
-    key=("broker_name", "queue_id", "queue_offset"),
+    key=("broker_name", "topic", "queue_id", "queue_offset"),
 )
 
 # An op body lists half-queue offsets: "17" (<= 5.0) or "17,18,20," (5.1+); that is, digits and commas,
@@ -47,10 +55,12 @@ OP = Schema(
     _STORED
     + (
         Field("tag", "string", doc='always "d"'),
-        Field("body", "string", doc='half-queue offsets: "17" (<= 5.0) or "17,18,20," (5.1+)'),
+        Field("body", "string", doc='half-queue offsets: "17" (<= 5.0, RIP-82) or "17,18,20," (5.1+)'),
+        Field("topic", "string", nullable=True, default=OP_TOPIC,
+              doc=f"absent: {OP_TOPIC}; its offsets are of the half topic HALF_TOPIC_OF_OP names"),
     ),
-    key=("broker_name", "queue_id", "queue_offset"),
-)
+    key=("broker_name", "topic", "queue_id", "queue_offset"),
+)  # fmt: skip
 
 REAL = Schema(
     "real",

@@ -19,12 +19,17 @@ class Field:
     # A nullable field some records still need: (field, value) pairs, any of which makes it required;
     # value None means that field is null or absent.
     required_when: tuple[tuple[str, str | None], ...] = ()
+    # What an absent value means, for a field added to a stream after its first landing files: stored as
+    # this value (so it can be part of a key), hashed as absent (so an old record still repeats itself).
+    default: str | None = None
 
     def __post_init__(self) -> None:
         if self.type not in TYPES:
             raise ValueError(f"field {self.name!r}: unknown type {self.type!r}; expected one of {TYPES}")
         if self.required_when and not self.nullable:
             raise ValueError(f"field {self.name!r}: required_when only makes sense on a nullable field")
+        if self.default is not None and not self.nullable:
+            raise ValueError(f"field {self.name!r}: a default only makes sense on a nullable field")
 
     def required_in(self, record: Mapping[str, Any]) -> bool:
         """Whether `record` must give this field."""
@@ -55,6 +60,10 @@ class Schema:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
+
+    @property
+    def defaults(self) -> dict[str, str]:
+        return {f.name: f.default for f in self.fields if f.default is not None}
 
     @property
     def required(self) -> tuple[str, ...]:

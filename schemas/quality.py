@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.bronze import BRONZE
-from schemas.landing import OP_BODY_CHARS, OP_BODY_EMPTY_ITEM
+from schemas.landing import HALF_TOPIC_OF_OP, OP_BODY_CHARS, OP_BODY_EMPTY_ITEM
 from schemas.model import Field, Schema
 from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, TXN_LIFECYCLE
 
@@ -93,7 +93,10 @@ def suites(check_max: int) -> tuple[Suite, ...]:
     """Every suite, in the order they run. `check_max` is the broker's transactionCheckMax."""
     half, op, real, offset, consumer = (BRONZE[s] for s in ("half", "op", "real", "offset", "consumer"))
     in_set = "column_values_to_be_in_set"
+    half_topics, op_topics = sorted(HALF_TOPIC_OF_OP.values()), sorted(HALF_TOPIC_OF_OP)
+    half_rows = (_check_times(1, check_max), _e(in_set, column="topic", value_set=half_topics))
     op_body = (
+        _e(in_set, column="topic", value_set=op_topics),
         _e(in_set, column="tag", value_set=["d"]),
         _e("column_values_to_match_regex", column="body", regex=OP_BODY_CHARS),
         _e("column_values_to_not_match_regex", column="body", regex=OP_BODY_EMPTY_ITEM),
@@ -103,6 +106,7 @@ def suites(check_max: int) -> tuple[Suite, ...]:
         _e(in_set, column="state", value_set=list(STATES)),
         _e(in_set, column="reason", value_set=list(DISCARD_REASONS)),
         _check_times(0, check_max),
+        _e(in_set, column="half_topic", value_set=half_topics),
         _e("column_pair_values_a_to_be_greater_than_b", column_A="last_copy_ts", column_B="first_copy_ts",
            or_equal=True, ignore_row_if="either_value_is_missing"),
     )  # fmt: skip
@@ -112,7 +116,7 @@ def suites(check_max: int) -> tuple[Suite, ...]:
         _e("column_values_to_be_json_parseable", column="detail"),
     )
     return (
-        Suite(half.name, "bronze", contract(half) + (_check_times(1, check_max),), half.key),
+        Suite(half.name, "bronze", contract(half) + half_rows, half.key),
         Suite(op.name, "bronze", contract(op) + op_body, op.key),
         Suite(real.name, "bronze", contract(real), real.key),
         Suite(offset.name, "bronze", contract(offset), offset.key),

@@ -21,9 +21,15 @@ TXN_LIFECYCLE = Schema(
         Field("first_commit_topic", "string", nullable=True),
         Field("first_commit_queue_id", "int", nullable=True),
         Field("first_commit_queue_offset", "long", nullable=True),
-        Field("discard_ts", "long", nullable=True, doc="first record in TRANS_CHECK_MAX_TIME_TOPIC"),
+        Field(
+            "discard_ts",
+            "long",
+            nullable=True,
+            doc="first record in TRANS_CHECK_MAX_TIME_TOPIC; RIP-82 leaves none: when the rules say it was deleted",
+        ),
         Field("state", "string", doc="COMMITTED, ROLLED_BACK, DISCARDED or PENDING"),
         Field("reason", "string", nullable=True, doc="MAX_CHECKS or EXPIRED when DISCARDED"),
+        Field("half_topic", "string", nullable=True, doc="where its halves are: RIP-82 brokers have their own"),
     ),
     key=("broker_name", "uniq_key"),
 )

@@ -233,6 +233,13 @@ def _long(text: str | None) -> int | None:
     return None if text is None else int(text)
 
 
+def message_at(conn: Connection, topic: str, log_offset: int) -> bytes | None:
+    """The message stored at a commit-log offset, as stored (VIEW_MESSAGE_BY_ID; `topic` for ACL), or None
+    when the broker has none there."""
+    answer = conn.call(remoting.VIEW_MESSAGE_BY_ID, {"topic": topic, "offset": log_offset})
+    return answer.body if answer.code == remoting.SUCCESS and answer.body else None
+
+
 def read_by_index(conn: Connection, topic: str, queue_id: int, offset: int) -> PullResult:
     """Up to PULL_BATCH messages of a queue the broker will not let us pull (RocketMQ 4.x keeps no topic
     config for its op topic: a pull answers TOPIC_NOT_EXIST), as the answer a pull would have given.

@@ -1,23 +1,24 @@
 """Stored messages into landing records (DESIGN §1), by topic. Pure.
 
-The half topic gives `half` records, the op topic `op` records, business topics and the discard topic
+The half topics give `half` records, the op topics `op` records, business topics and the discard topic
 `real` records. Every other topic (retry, DLQ, schedule, trace and the broker's own system topics) is
 counted by the caller and skipped: it holds no transaction and no business message.
+
+A RIP-82 broker (5.4+, transRocksDBEnable with transWriteOriginTransHalfEnable=false) keeps its halves in
+ROCKSDB_HALF_TOPIC and writes one op per end request to ROCKSDB_OP_TOPIC, whose body is one zero byte: the
+half is named by its commit-log offset (TRANS_OFFSET). Its reader looks that half up and lands the op as
+a classic one listing the half's queue offset (`rocksdb_op_record`). Check counts and discards stay in
+RocksDB: a discard leaves no message (README, RocketMQ versions).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from schemas.landing import HALF_TOPIC, OP_TOPIC, ROCKSDB_HALF_TOPIC, ROCKSDB_OP_TOPIC
 from sources.commitlog import TRANSACTION_BITS, Message, properties
 
-HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
-OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
-# RIP-82 (5.4+, transRocksDBEnable with transWriteOriginTransHalfEnable=false): halves and one op per end
-# request in these topics, check counts and discards in RocksDB. Not reconciled yet (README, RocketMQ versions).
-ROCKSDB_HALF_TOPIC = "RMQ_SYS_ROCKSDB_TRANS_HALF_TOPIC"
-ROCKSDB_OP_TOPIC = "RMQ_SYS_ROCKSDB_TRANS_OP_HALF_TOPIC"
 
 COMMIT_TYPE = 0x8
 # TopicValidator.SYSTEM_TOPIC_SET (5.5.0) and its prefix; `%` starts retry, DLQ and LMQ topics.
@@ -32,20 +33,13 @@ def is_business_topic(topic: str) -> bool:
 
 def stream_of(topic: str) -> str | None:
     """The landing stream a topic's messages go to, or None when they are skipped."""
-    if topic == HALF_TOPIC:
+    if topic in (HALF_TOPIC, ROCKSDB_HALF_TOPIC):
         return "half"
-    if topic == OP_TOPIC:
+    if topic in (OP_TOPIC, ROCKSDB_OP_TOPIC):
         return "op"
     if topic == DISCARD_TOPIC or is_business_topic(topic):
         return "real"
     return None
-
-
-def rocksdb_problem(broker: str, halves: str) -> str:
-    """What both readers say of a broker that has stored RIP-82 halves (`halves`: how many, or "its")."""
-    return (f"{broker} keeps transactions in RocksDB (RIP-82: transRocksDBEnable, transWriteOriginTransHalfEnable"
-            f"=false): {halves} halves in {ROCKSDB_HALF_TOPIC} and their ops are not reconciled, so their commits "
-            "show as ORPHANED_COMMIT")  # fmt: skip
 
 
 def _int(value: str | None) -> int | None:
@@ -63,13 +57,30 @@ def half_record(broker: str, m: Message) -> tuple[Any, ...]:
     return (broker, m.queue_id, m.queue_offset, m.physical_offset, m.store_timestamp, m.born_timestamp,
             get("UNIQ_KEY"), get("__transactionId__"), get("PGROUP"), get("REAL_TOPIC"), _int(get("REAL_QID")),
             _int(get("TRANSACTION_CHECK_TIMES")), _int(get("CHECK_IMMUNITY_TIME_IN_SECONDS")),
-            _int(get("TRAN_PREPARED_QUEUE_OFFSET")), get("TAGS"), get("KEYS"), m.body_size)  # fmt: skip
+            _int(get("TRAN_PREPARED_QUEUE_OFFSET")), get("TAGS"), get("KEYS"), m.body_size,
+            _unless_classic(m.topic))  # fmt: skip
 
 
 def op_record(broker: str, m: Message) -> tuple[Any, ...]:
     body = (m.body or b"").decode("utf-8", "replace")
     return (broker, m.queue_id, m.queue_offset, m.physical_offset, m.store_timestamp, m.born_timestamp,
-            properties(m.properties).get("TAGS"), body)  # fmt: skip
+            properties(m.properties).get("TAGS"), body, None)  # fmt: skip
+
+
+def half_log_offset(m: Message) -> int | None:
+    """The commit-log offset of the half a RIP-82 op resolves (TRANS_OFFSET)."""
+    return _int(properties(m.properties).get("TRANS_OFFSET"))
+
+
+def rocksdb_op_record(broker: str, m: Message, half_queue_offset: int) -> tuple[Any, ...]:
+    """A RIP-82 op as a classic one of its topic, listing the queue offset of the half it resolves."""
+    return (broker, m.queue_id, m.queue_offset, m.physical_offset, m.store_timestamp, m.born_timestamp,
+            properties(m.properties).get("TAGS"), str(half_queue_offset), m.topic)  # fmt: skip
+
+
+def _unless_classic(topic: str) -> str | None:
+    """The `topic` field: absent for the classic topics, as in landing files from before RIP-82."""
+    return None if topic in (HALF_TOPIC, OP_TOPIC) else topic
 
 
 def real_record(broker: str, m: Message) -> tuple[Any, ...]:

@@ -194,7 +194,8 @@ def apply(name: str, position: int, tmp_path: Path) -> tuple[bool, BrokerState, 
     state = BrokerState(positions={(HALF_TOPIC, 0): position})
     run = BrokerRun("broker-a", None, None)  # type: ignore[arg-type]
     streams = {s: Stream(tmp_path / s, "t", ENCODE[s]) for s in RECORD}
-    more = _apply(client.pull_result(answer(name)), (HALF_TOPIC, 0), "broker-a", state, streams, {}, run, Counter())
+    more = _apply(client.pull_result(answer(name)), (HALF_TOPIC, 0), "broker-a", state, streams, {}, run, Counter(),
+                  None)  # type: ignore[arg-type]  # fmt: skip
     for s in streams.values():
         s.close()
     return more, state, run, streams["half"]

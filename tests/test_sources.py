@@ -12,7 +12,7 @@ import pytest
 from jobs.cli import main
 from sources import offsets
 from sources.commitlog import BLANK_MAGIC, Corrupt, DataEnd, FileEnd, Message, properties, scan
-from sources.records import half_record, real_record, stream_of
+from sources.records import half_log_offset, half_record, real_record, rocksdb_op_record, stream_of
 from tests.store_encoding import encode
 
 CAPTURED = Path(__file__).parent / "data" / "rocketmq-5.3.3"
@@ -96,7 +96,7 @@ def test_records_by_topic() -> None:
                                    "TRANS_CHECK_MAX_TIME_TOPIC", "orders", "%RETRY%g", "%DLQ%g", "SCHEDULE_TOPIC_XXXX",
                                    "rmq_sys_wheel_timer", "TBW102", "RMQ_SYS_ROCKSDB_TRANS_HALF_TOPIC",
                                    "RMQ_SYS_ROCKSDB_TRANS_OP_HALF_TOPIC")] == [
-        "half", "op", "real", "real", None, None, None, None, None, None, None]  # fmt: skip
+        "half", "op", "real", "real", None, None, None, None, None, "half", "op"]  # fmt: skip
     props = {
         "UNIQ_KEY": "u",
         "PGROUP": "pg",
@@ -108,7 +108,17 @@ def test_records_by_topic() -> None:
         "__transactionId__": "u",
     }
     [h] = messages(encode("RMQ_SYS_TRANS_HALF_TOPIC", props, queue_offset=5))
-    assert half_record("b", h) == ("b", 0, 5, 0, 2_000, 1_000, "u", "u", "pg", "orders", 3, 2, 10, 7, None, None, 1)
+    assert half_record("b", h) == ("b", 0, 5, 0, 2_000, 1_000, "u", "u", "pg", "orders", 3, 2, 10, 7, None, None, 1,
+                                   None)  # fmt: skip
+    # RIP-82: a half of the RocksDB topic says so; its op names the half by commit-log offset and is landed
+    # listing the half's queue offset, which its reader looked up.
+    [r] = messages(encode("RMQ_SYS_ROCKSDB_TRANS_HALF_TOPIC", props, queue_offset=5))
+    assert half_record("b", r)[-1] == "RMQ_SYS_ROCKSDB_TRANS_HALF_TOPIC"
+    [op] = messages(
+        encode("RMQ_SYS_ROCKSDB_TRANS_OP_HALF_TOPIC", {"TRANS_OFFSET": "4096", "TAGS": "d"}, queue_offset=2)
+    )
+    assert half_log_offset(op) == 4096
+    assert rocksdb_op_record("b", op, 5)[-3:] == ("d", "5", "RMQ_SYS_ROCKSDB_TRANS_OP_HALF_TOPIC")
     commit = {"UNIQ_KEY": "u", "TRAN_MSG": "true"}
     [c] = messages(encode("orders", commit, sys_flag=8, prepared=0))
     assert real_record("b", c)[8:11] == (8, True, 0)  # offset 0 is the store's first half: kept

@@ -9,6 +9,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 
+from schemas.landing import HALF_TOPIC, OP_TOPIC, ROCKSDB_HALF_TOPIC, ROCKSDB_OP_TOPIC
 from transforms.anomalies import (
     Finding,
     all_anomalies,
@@ -28,8 +29,8 @@ RULES = Rules()
 
 HALF = ("broker_name string, queue_id int, queue_offset long, commit_log_offset long, store_timestamp long, "
         "born_timestamp long, uniq_key string, producer_group string, real_topic string, real_queue_id int, "
-        "check_times int, prepared_queue_offset long")  # fmt: skip
-OP = "broker_name string, queue_id int, queue_offset long, store_timestamp long, body string"
+        "check_times int, prepared_queue_offset long, topic string")  # fmt: skip
+OP = "broker_name string, queue_id int, queue_offset long, store_timestamp long, body string, topic string"
 REAL = ("broker_name string, topic string, queue_id int, queue_offset long, store_timestamp long, uniq_key string, "
         "sys_flag int, transactional boolean, prepared_transaction_offset long, producer_group string")  # fmt: skip
 OFFSET = ("broker_name string, consumer_group string, topic string, queue_id int, offset long, "
@@ -37,9 +38,15 @@ OFFSET = ("broker_name string, consumer_group string, topic string, queue_id int
 
 
 def half(uniq: str, offset: int, store: int, *, checks: int | None = None, prepared: int | None = None,
-         born: int = 1_000, phys: int | None = None, broker: str = "b") -> tuple[Any, ...]:  # fmt: skip
+         born: int = 1_000, phys: int | None = None, broker: str = "b",
+         topic: str = HALF_TOPIC) -> tuple[Any, ...]:  # fmt: skip
     return (broker, 0, offset, phys if phys is not None else offset * 100, store, born, uniq, "pg", "orders", 1,
-            checks, prepared)  # fmt: skip
+            checks, prepared, topic)  # fmt: skip
+
+
+def op_rows(spark: SparkSession, rows: list[Any]) -> DataFrame:
+    """Ops as (broker, queue, offset, store, body[, topic]); the classic op topic unless given."""
+    return spark.createDataFrame([r if len(r) == 6 else (*r, OP_TOPIC) for r in rows], OP)
 
 
 def commit(uniq: str, qo: int, store: int, prepared: int | None, *, topic: str = "orders") -> tuple[Any, ...]:
@@ -47,7 +54,7 @@ def commit(uniq: str, qo: int, store: int, prepared: int | None, *, topic: str =
 
 
 def build(spark: SparkSession, halves: list[Any], ops: list[Any], reals: list[Any], as_of: int) -> DataFrame:
-    h, o, r = (spark.createDataFrame(rows, ddl) for rows, ddl in ((halves, HALF), (ops, OP), (reals, REAL)))
+    h, o, r = spark.createDataFrame(halves, HALF), op_rows(spark, ops), spark.createDataFrame(reals, REAL)
     return facts(h, resolutions(h, resolved_offsets(o)), r).transform(lifecycle(as_of, RULES))
 
 
@@ -56,13 +63,14 @@ def states(df: DataFrame) -> dict[str, tuple[Any, ...]]:
 
 
 def test_op_bodies_both_formats(spark: SparkSession) -> None:
-    ops = spark.createDataFrame(
-        [("b", 0, 0, 100, "17,18,20,"), ("b", 0, 1, 50, "18"), ("c", 0, 0, 70, "17"), ("b", 1, 2, 60, "17,")], OP
-    )
+    ops = op_rows(spark, [("b", 0, 0, 100, "17,18,20,"), ("b", 0, 1, 50, "18"), ("c", 0, 0, 70, "17"),
+                          ("b", 1, 2, 60, "17,"), ("b", 0, 0, 80, "17", ROCKSDB_OP_TOPIC)])  # fmt: skip
+    c, r = HALF_TOPIC, ROCKSDB_HALF_TOPIC
     expected = spark.createDataFrame(
-        [("b", 0, 17, 100), ("b", 0, 18, 50), ("b", 0, 20, 100), ("c", 0, 17, 70), ("b", 1, 17, 60)],
-        "broker_name string, queue_id int, half_offset long, resolved_ts long",
-    )
+        [("b", c, 0, 17, 100), ("b", c, 0, 18, 50), ("b", c, 0, 20, 100), ("c", c, 0, 17, 70), ("b", c, 1, 17, 60),
+         ("b", r, 0, 17, 80)],
+        "broker_name string, half_topic string, queue_id int, half_offset long, resolved_ts long",
+    )  # fmt: skip
     assert_df_equality(resolved_offsets(ops), expected, ignore_row_order=True, ignore_nullable=True)
 
 
@@ -73,7 +81,7 @@ def test_resolution_through_own_offset_only_and_out_of_order_op(spark: SparkSess
         half("P", 9, 500),  # its op was stored before it (ingest order does not matter)
         half("N", 10, 600),  # never resolved
     ], HALF)  # fmt: skip
-    ops = spark.createDataFrame([("b", 0, 0, 30_010, "5,2,"), ("b", 0, 1, 400, "9")], OP)
+    ops = op_rows(spark, [("b", 0, 0, 30_010, "5,2,"), ("b", 0, 1, 400, "9")])
     life = facts(halves, resolutions(halves, resolved_offsets(ops)), spark.createDataFrame([], REAL))
     rows = {r["uniq_key"]: r for r in life.transform(lifecycle(40_000, RULES)).collect()}
     got = {k: (r["resolved_ts"], r["last_check_resolved"], r["unresolved_checks"]) for k, r in rows.items()}
@@ -127,6 +135,35 @@ def test_exactly_check_max_checks_before_and_after_the_discard_window(
     assert kinds == (["DISCARDED_AFTER_MAX_CHECKS"] if expected[0] == "DISCARDED" else [])
     stuck = found(life, stuck_half(last + after_last_copy, RULES), last + after_last_copy)
     assert len(stuck) == (1 if expected[0] == "PENDING" else 0)
+
+
+def test_a_rip_82_broker(spark: SparkSession) -> None:
+    """RIP-82 halves are resolved by the ops of their own op topic only (a classic half at the same offset
+    is not), and one nobody resolves is discarded by the clock: the broker deletes it at its check_max + 1-th
+    check, timeout + check_max intervals after it was stored, and leaves no message. Past the rules' slack
+    it is DISCARDED, and a commit after that time is an orphan."""
+    halves = [half("C", 0, 1_000, topic=ROCKSDB_HALF_TOPIC), half("K", 0, 1_000),
+              half("D", 1, 1_000, topic=ROCKSDB_HALF_TOPIC), half("L", 2, 1_000, topic=ROCKSDB_HALF_TOPIC)]  # fmt: skip
+    ops = [("b", 0, 0, 2_000, "0", ROCKSDB_OP_TOPIC)]
+    deleted = 1_000 + RULES.transaction_timeout_ms + RULES.check_max * RULES.check_interval_ms
+    slack = RULES.check_interval_ms + RULES.transaction_timeout_ms
+    reals = [commit("C", 0, 1_900, 0), commit("L", 1, deleted + 5_000, 200)]
+    before = build(spark, halves, ops, reals, as_of=deleted + slack)
+    assert states(before) == {"C": ("COMMITTED", None), "K": ("PENDING", None), "D": ("PENDING", None),
+                              "L": ("COMMITTED", None)}  # fmt: skip
+    as_of = deleted + slack + 1
+    after = build(spark, halves, ops, reals, as_of)
+    assert states(after)["D"] == ("DISCARDED", "MAX_CHECKS")
+    rows = {r["uniq_key"]: r for r in after.collect()}
+    assert {k: (r["discard_ts"], r["resolved_ts"], r["half_topic"]) for k, r in rows.items()} == {
+        "C": (None, 2_000, ROCKSDB_HALF_TOPIC), "K": (None, None, HALF_TOPIC), "D": (deleted, None, ROCKSDB_HALF_TOPIC),
+        "L": (deleted, None, ROCKSDB_HALF_TOPIC)}  # fmt: skip
+    found = all_anomalies(after, spark.createDataFrame([], OFFSET).transform(offset_commits),
+                          spark.createDataFrame([], REAL), as_of, RULES)  # fmt: skip
+    got = {(r["anomaly_type"], r["uniq_key"], r["reason"]): r for r in found.collect()}
+    assert set(got) == {("DISCARDED_AFTER_MAX_CHECKS", "D", "MAX_CHECKS"), ("STUCK_HALF", "K", None),
+                        ("ORPHANED_COMMIT", "L", "AFTER_DISCARD"), ("ORPHANED_COMMIT", "L", "NO_OP")}  # fmt: skip
+    assert json.loads(got[("DISCARDED_AFTER_MAX_CHECKS", "D", "MAX_CHECKS")]["detail"])["has_evidence"] is False
 
 
 def test_commit_anomalies(spark: SparkSession) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from schemas.landing import ROCKSDB_HALF_TOPIC
 from transforms.frames import union_all
 from transforms.lifecycle import DISCARDED, EXPIRED, MAX_CHECKS, PENDING, Rules, age
 
@@ -75,7 +76,8 @@ def discard() -> list[Finding]:
     kind = F.when(F.col("reason") == MAX_CHECKS, "DISCARDED_AFTER_MAX_CHECKS").when(
         F.col("reason") == EXPIRED, "DISCARDED_EXPIRED"
     )
-    detail = F.struct("check_times", "copies", (F.col("discard_ts").isNotNull()).alias("has_evidence"))
+    rocksdb = F.coalesce(F.col("half_topic") == ROCKSDB_HALF_TOPIC, F.lit(False))  # a discard leaves no message
+    detail = F.struct("check_times", "copies", (F.col("discard_ts").isNotNull() & ~rocksdb).alias("has_evidence"))
     event_ts = F.coalesce("discard_ts", "last_copy_ts")
     return [Finding(kind, F.col("reason"), F.col("state") == DISCARDED, event_ts, detail)]
 

@@ -114,10 +114,16 @@ def _compact(messages: list[Column]) -> Column:
 
 
 def with_record_hash(schema: Schema) -> Transform:
-    """`_record_hash`: SHA-256 over the data columns, so a repeat can be told from a conflict."""
+    """`_record_hash`: SHA-256 over the data columns, so a repeat can be told from a conflict; then the
+    fields with a default get it where absent. A field's default is hashed as absent, so a record hashes
+    as it did before the field was added to its stream (to_json leaves nulls out)."""
+    defaults = schema.defaults
 
     def transform(df: DataFrame) -> DataFrame:
-        return df.withColumn("_record_hash", F.sha2(F.to_json(F.struct(*schema.names)), 256))
+        data = [F.when(F.col(n) != defaults[n], F.col(n)).alias(n) if n in defaults else F.col(n)
+                for n in schema.names]  # fmt: skip
+        hashed = df.withColumn("_record_hash", F.sha2(F.to_json(F.struct(*data)), 256))
+        return hashed.fillna(dict[str, bool | float | int | str](defaults)) if defaults else hashed
 
     return transform
 

@@ -1,11 +1,11 @@
 """Bronze events into one lifecycle row per transaction (DESIGN §2). Pure DataFrame -> DataFrame.
 
-Identity is (broker_name, uniq_key). A half copy is resolved when an op on the same broker and queue
-lists its queue offset. Listing an immunity copy's prepared_queue_offset does not resolve it: a real
-5.3.3 broker ignores op offsets below its check progress, and the original's always is by then. A
-commit is a real record with the identity whose transaction bits are COMMIT (sys_flag & 0xC == 8) or
-that carries TRAN_MSG, in any topic but TRANS_CHECK_MAX_TIME_TOPIC; a record in that topic is discard
-evidence.
+Identity is (broker_name, uniq_key). A half copy is resolved when an op on the same broker and queue, in
+the op topic of its half topic, lists its queue offset. Listing an immunity copy's prepared_queue_offset
+does not resolve it: a real 5.3.3 broker ignores op offsets below its check progress, and the original's
+always is by then. A commit is a real record with the identity whose transaction bits are COMMIT
+(sys_flag & 0xC == 8) or that carries TRAN_MSG, in any topic but TRANS_CHECK_MAX_TIME_TOPIC; a record in
+that topic is discard evidence. A RIP-82 broker leaves none: `rocksdb_deleted` infers its discards.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from schemas.landing import HALF_TOPIC_OF_OP, ROCKSDB_HALF_TOPIC
 from transforms.frames import union_all
 
 DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 ID = ["broker_name", "uniq_key"]
+LOOKUP = ["broker_name", "half_topic", "queue_id", "half_offset"]  # what an op lists, and where
 COMMITTED, ROLLED_BACK, DISCARDED, PENDING = "COMMITTED", "ROLLED_BACK", "DISCARDED", "PENDING"
 MAX_CHECKS, EXPIRED = "MAX_CHECKS", "EXPIRED"
 
@@ -47,19 +49,19 @@ def up_to(as_of: int, time_col: str) -> Callable[[DataFrame], DataFrame]:
 
 
 def op_offsets(op_df: DataFrame) -> DataFrame:
-    """(broker_name, queue_id, half_offset, store_timestamp): one row per half offset an op lists.
-    Bodies are "17" (<= 5.0) or "17,18,20," (5.1+); empty tokens from the trailing comma are skipped."""
-    tokens = op_df.select("broker_name", "queue_id", "store_timestamp", F.explode(F.split("body", ",")).alias("t"))
+    """(*LOOKUP, store_timestamp): one row per half offset an op lists. Bodies are "17" (<= 5.0, RIP-82)
+    or "17,18,20," (5.1+); empty tokens from the trailing comma are skipped."""
+    half_topic = F.create_map(*(F.lit(t) for pair in HALF_TOPIC_OF_OP.items() for t in pair))[F.col("topic")]
+    tokens = op_df.select("broker_name", half_topic.alias("half_topic"), "queue_id", "store_timestamp",
+                          F.explode(F.split("body", ",")).alias("t"))  # fmt: skip
     return tokens.where(F.col("t") != "").select(
-        "broker_name", "queue_id", F.col("t").cast("long").alias("half_offset"), "store_timestamp"
+        "broker_name", "half_topic", "queue_id", F.col("t").cast("long").alias("half_offset"), "store_timestamp"
     )
 
 
 def earliest(op_offsets_df: DataFrame) -> DataFrame:
-    """`op_offsets` reduced to (broker_name, queue_id, half_offset, resolved_ts): the first listing."""
-    return op_offsets_df.groupBy("broker_name", "queue_id", "half_offset").agg(
-        F.min("store_timestamp").alias("resolved_ts")
-    )
+    """`op_offsets` reduced to (*LOOKUP, resolved_ts): the first listing."""
+    return op_offsets_df.groupBy(*LOOKUP).agg(F.min("store_timestamp").alias("resolved_ts"))
 
 
 def resolved_offsets(op_df: DataFrame) -> DataFrame:
@@ -68,17 +70,14 @@ def resolved_offsets(op_df: DataFrame) -> DataFrame:
 
 
 def copy_lookups(half_df: DataFrame) -> DataFrame:
-    """(broker_name, uniq_key, queue_id, half_offset): the offset whose listing resolves each copy."""
-    return half_df.select(*ID, "queue_id", F.col("queue_offset").alias("half_offset"))
+    """(broker_name, uniq_key, half_topic, queue_id, half_offset): the listing that resolves each copy."""
+    return half_df.select(*ID, F.col("topic").alias("half_topic"), "queue_id",
+                          F.col("queue_offset").alias("half_offset"))  # fmt: skip
 
 
 def resolutions(half_df: DataFrame, resolved_df: DataFrame) -> DataFrame:
     """(broker_name, uniq_key, half_offset, resolved_ts) for every copy whose offset `resolved_df` lists."""
-    return (
-        copy_lookups(half_df)
-        .join(resolved_df, on=["broker_name", "queue_id", "half_offset"])
-        .select(*ID, "half_offset", "resolved_ts")
-    )
+    return copy_lookups(half_df).join(resolved_df, on=LOOKUP).select(*ID, "half_offset", "resolved_ts")
 
 
 def is_commit() -> Column:
@@ -94,7 +93,7 @@ def is_commit() -> Column:
 # builds the lifecycle: one shuffle, where joining per-source aggregates takes three more.
 HALF_FACT, RESOLVED_FACT, COMMIT_FACT, DISCARD_FACT = "half", "resolved", "commit", "discard"
 _FACT_TYPES = {"ts": "bigint", "grp": "string", "topic": "string", "queue_id": "int", "queue_offset": "bigint",
-               "log_offset": "bigint", "born_ts": "bigint", "check_times": "int"}  # fmt: skip
+               "log_offset": "bigint", "born_ts": "bigint", "check_times": "int", "half_topic": "string"}  # fmt: skip
 
 
 def facts(half_df: DataFrame, resolutions_df: DataFrame, real_df: DataFrame) -> DataFrame:
@@ -112,7 +111,7 @@ def facts(half_df: DataFrame, resolutions_df: DataFrame, real_df: DataFrame) -> 
     return union_all([
         fact(half_df, HALF_FACT, ts="store_timestamp", grp="producer_group", topic="real_topic",
              queue_id="real_queue_id", queue_offset="queue_offset", log_offset="commit_log_offset",
-             born_ts="born_timestamp", check_times=F.coalesce("check_times", F.lit(0))),
+             born_ts="born_timestamp", check_times=F.coalesce("check_times", F.lit(0)), half_topic="topic"),
         fact(resolutions_df, RESOLVED_FACT, ts="resolved_ts", queue_offset="half_offset"),
         fact(real_df.where(is_commit()), COMMIT_FACT, ts="store_timestamp", grp="producer_group", topic="topic",
              queue_id="queue_id", queue_offset="queue_offset", log_offset="prepared_transaction_offset"),
@@ -148,13 +147,17 @@ def lifecycle(as_of: int, rules: Rules) -> Callable[[DataFrame], DataFrame]:
             F.min(of(COMMIT_FACT, F.struct("ts", "topic", "queue_id", "queue_offset"))).alias("_first"),
             F.array_sort(F.collect_set(of(COMMIT_FACT, "log_offset"))).alias("prepared_offsets"),
             F.min(of(COMMIT_FACT, "grp")).alias("commit_producer_group"),
-            F.min(of(DISCARD_FACT, "ts")).alias("discard_ts"),
+            F.min(of(DISCARD_FACT, "ts")).alias("_evidence_ts"),
+            F.min(of(HALF_FACT, "half_topic")).alias("half_topic"),
         )
         maxed = F.col("check_times") >= rules.check_max
-        checks_over = (F.lit(as_of) - F.col("last_copy_ts")) > rules.check_interval_ms + rules.transaction_timeout_ms
+        slack = rules.check_interval_ms + rules.transaction_timeout_ms
+        checks_over = (F.lit(as_of) - F.col("last_copy_ts")) > slack
         too_old = (F.lit(as_of) - F.col("born_ts")) > rules.file_reserved_hours * 3_600_000
+        deleted = rocksdb_deleted(as_of, rules)
         reason = (
-            F.when(F.col("discard_ts").isNotNull(), F.when(maxed, MAX_CHECKS).otherwise(EXPIRED))
+            F.when(F.col("_evidence_ts").isNotNull(), F.when(maxed, MAX_CHECKS).otherwise(EXPIRED))
+            .when(deleted.isNotNull(), MAX_CHECKS)
             .when(maxed & checks_over, MAX_CHECKS)
             .when(too_old, EXPIRED)
         )
@@ -173,9 +176,10 @@ def lifecycle(as_of: int, rules: Rules) -> Callable[[DataFrame], DataFrame]:
             F.col("_first.ts").alias("first_commit_ts"), F.col("_first.topic").alias("first_commit_topic"),
             F.col("_first.queue_id").alias("first_commit_queue_id"),
             F.col("_first.queue_offset").alias("first_commit_queue_offset"),
-            "discard_ts",
+            F.coalesce("_evidence_ts", deleted).alias("discard_ts"),
             state.alias("state"),
             F.when(state == DISCARDED, reason).alias("reason"),
+            "half_topic",
             "commit_ts", "prepared_offsets", "copy_offsets",
             F.when(F.col("_last_check").isNotNull(), F.array_contains("_resolved", F.col("_last_check")))
             .alias("last_check_resolved"),
@@ -183,6 +187,22 @@ def lifecycle(as_of: int, rules: Rules) -> Callable[[DataFrame], DataFrame]:
         )  # fmt: skip
 
     return transform
+
+
+def rocksdb_deleted(as_of: int, rules: Rules) -> Column:
+    """When a RIP-82 broker deleted an unresolved half, by the rules: it checks the original once more than
+    check_max times, the first at the timeout, then every interval, and deletes it at the last check, with
+    no message and its count kept in RocksDB (README, RocketMQ versions). Null unless a commit or an op
+    came after that time or none came, and the rules' slack has passed (as `checks_over` for a classic
+    half). Over the aggregated lifecycle columns."""
+    at = F.col("first_copy_ts") + rules.transaction_timeout_ms + rules.check_max * rules.check_interval_ms
+    settled = F.least(F.col("resolved_ts"), F.col("_first.ts"))  # least skips nulls
+    return F.when(
+        (F.col("half_topic") == ROCKSDB_HALF_TOPIC)
+        & (F.lit(as_of) - at > rules.check_interval_ms + rules.transaction_timeout_ms)
+        & F.coalesce(settled > at, F.lit(True)),
+        at,
+    )
 
 
 def open_transactions() -> Column:

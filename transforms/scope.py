@@ -17,6 +17,7 @@ from transforms.frames import union_all
 from transforms.lifecycle import (
     DISCARD_TOPIC,
     ID,
+    LOOKUP,
     copy_lookups,
     earliest,
     facts,
@@ -25,8 +26,6 @@ from transforms.lifecycle import (
     open_transactions,
     resolutions,
 )
-
-LOOKUP = ["broker_name", "queue_id", "half_offset"]
 
 
 def touched_transactions(

@@ -12,6 +12,9 @@ broker sent it with the answer. What follows from that on the broker is mechanic
   written inside `CHECK_IMMUNITY_TIME_IN_SECONDS` (never resolved, reference §1.5);
 - a transaction decided after its discard is never checked again: the driver records no check after its
   late commit, so it is ORPHANED_COMMIT AFTER_DISCARD and not RECHECKED_AFTER_RESOLUTION (DESIGN §2).
+
+A RIP-82 broker (`rip_82_expected`) checks the original half alone, deletes it from RocksDB at once when
+an end request comes, and deletes an unresolved one at its check_max + 1-th check.
 """
 
 from __future__ import annotations
@@ -66,4 +69,41 @@ def expected(t: dict[str, Any], check_max: int, check_interval_ms: int) -> Expec
     last = t["checks"][-1]["times"] if answers else 0
     if answers and answers[-1] == "UNKNOW" and last < check_max and discarded and t["fate"] != "GONE":
         raise AssertionError(f"{t['uniq_key']}: its last check before the discard was #{last}, expected {check_max}")
+    return Expected(state, frozenset(found))
+
+
+def rip_82_expected(t: dict[str, Any], check_max: int) -> Expected:
+    """What follows on a RIP-82 broker: no check copies, so nothing is checked after its resolution, and a
+    half nobody resolved by its check_max + 1-th check is deleted, which a later decision cannot undo."""
+    answers = [c["answer"] for c in t["checks"]]
+    commits = t["finals"]
+    if commits > (t["local"] == "COMMIT") + answers.count("COMMIT"):
+        raise AssertionError(f"{t['uniq_key']}: {commits} final messages for fewer COMMIT answers")
+    answered = any(a in DECIDED for a in answers)
+    if answered:
+        deleted = False
+    elif t["fate"] in UNSEEN_OPEN_COPIES:  # asked of nobody (a gone group) or of nobody who knew
+        deleted = t["local"] not in DECIDED
+    else:  # every check answered UNKNOW: deleted once the last of check_max + 1 was asked
+        late = len(answers) == check_max + 1 and t["local_at"] > t["checks"][-1]["at"]
+        deleted = t["local"] not in DECIDED or late
+        if deleted and t["fate"] != "YOUNG" and len(answers) != check_max + 1:
+            raise AssertionError(
+                f"{t['uniq_key']}: {len(answers)} checks before the deletion, expected {check_max + 1}"
+            )
+    deleted = deleted and t["fate"] != "YOUNG"
+    found: set[tuple[str, str | None]] = set()
+    if commits > 1:
+        found.add(("DUPLICATE_COMMIT", None))
+    if deleted and t["local"] == "COMMIT":
+        found.add(("ORPHANED_COMMIT", "AFTER_DISCARD"))
+    if commits:
+        state = "COMMITTED"
+    elif answered or (t["local"] in DECIDED and not deleted):
+        state = "ROLLED_BACK"
+    elif deleted:
+        state = "DISCARDED"
+        found.add(("DISCARDED_AFTER_MAX_CHECKS", "MAX_CHECKS"))
+    else:
+        state = "PENDING"
     return Expected(state, frozenset(found))
