@@ -93,7 +93,7 @@ def test_clean_data_passes_and_broken_data_fails(
     run_id = re.search(r"quality (quality-\S+):", out).group(1)  # type: ignore[union-attr]
     broken = _results(spark, cfg, run_id)
     failed = _failed(broken)
-    key_dup = failed[("half_events", "expect_compound_columns_to_be_unique(broker_name+queue_id+queue_offset)")]
+    key_dup = failed[("half_events", "expect_compound_columns_to_be_unique(broker_name+topic+queue_id+queue_offset)")]
     assert key_dup["unexpected_count"] == 2 and key_dup["blocking"] and key_dup["scope"] == "incremental"
     assert key_dup["element_count"] == 2  # the forged row and the one it collides with, not the whole table
     negative = failed[("offset_events", "expect_column_values_to_be_between(offset)")]

@@ -16,7 +16,8 @@ from schemas.spark import to_struct
 
 def test_landing_streams_and_keys() -> None:
     assert set(LANDING) == {"half", "op", "real", "offset", "consumer"}
-    assert HALF.key == ("broker_name", "queue_id", "queue_offset")
+    assert HALF.key == ("broker_name", "topic", "queue_id", "queue_offset")  # two half topics since RIP-82
+    assert HALF.defaults == {"topic": "RMQ_SYS_TRANS_HALF_TOPIC"} and HALF.field("topic").nullable
     assert REAL.key == ("broker_name", "topic", "queue_id", "queue_offset")
     assert "check_times" in HALF.names and HALF.field("check_times").nullable
     assert not HALF.field("uniq_key").nullable
@@ -56,7 +57,7 @@ def test_line_encoder_round_trips_and_omits_nulls() -> None:
     from schemas.jsonl import line_encoder
     from schemas.truth import TRUTH_TRANSACTION
 
-    half = ("b", 0, 7, 99, 1, 2, 'u"\\\n\u00e9', "t", "g", "orders", 3, None, None, 5, None, "k", 10)
+    half = ("b", 0, 7, 99, 1, 2, 'u"\\\n\u00e9', "t", "g", "orders", 3, None, None, 5, None, "k", 10, None)
     line = line_encoder(HALF)(half)
     assert json.loads(line) == {k: v for k, v in zip(HALF.names, half, strict=True) if v is not None}
     assert "check_times" not in line and "\n" not in line

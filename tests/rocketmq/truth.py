@@ -34,9 +34,6 @@ class Expected:
 
 def expected(t: dict[str, Any], check_max: int, check_interval_ms: int) -> Expected:
     answers = [c["answer"] for c in t["checks"]]
-    commits = t["finals"]
-    if commits > (t["local"] == "COMMIT") + answers.count("COMMIT"):
-        raise AssertionError(f"{t['uniq_key']}: {commits} final messages for fewer COMMIT answers")
     resolved = t["local"] in DECIDED or any(a in DECIDED for a in answers)
     last_open = answers[-1] == "UNKNOW" if answers else t["fate"] in UNSEEN_OPEN_COPIES
     discarded = last_open and t["fate"] != "YOUNG"  # the driver waited until every open copy was discarded
@@ -46,62 +43,47 @@ def expected(t: dict[str, Any], check_max: int, check_interval_ms: int) -> Expec
     after = t["local_at"] - t["checks"][-1]["at"] if answers and discarded and t["local"] in DECIDED else 0
     if 0 < after <= 3 * check_interval_ms:
         raise AssertionError(f"{t['uniq_key']}: decided {after} ms after its last check: too close to call")
-    decided_after_discard = after > 0
-    found: set[tuple[str, str | None]] = set()
-    if commits > 1:
-        found.add(("DUPLICATE_COMMIT", None))
-    if resolved and last_open and not decided_after_discard:
-        found.add(("RECHECKED_AFTER_RESOLUTION", None))
-    if decided_after_discard and t["local"] == "COMMIT":
-        found.add(("ORPHANED_COMMIT", "AFTER_DISCARD"))
-    if commits:
-        state = "COMMITTED"
-    elif resolved:
-        state = "ROLLED_BACK"
-    elif discarded:
-        state = "DISCARDED"
-        found.add(("DISCARDED_AFTER_MAX_CHECKS", "MAX_CHECKS"))
-    else:
-        state = "PENDING"
     # A live producer is asked about every copy up to the discard (a gone group may answer a first check
     # while it is still up, then nobody is asked). The broker numbers each check before it sends it, and a
     # check that reaches a member shutting down is lost: the last one seen must still be the check_max-th.
     last = t["checks"][-1]["times"] if answers else 0
     if answers and answers[-1] == "UNKNOW" and last < check_max and discarded and t["fate"] != "GONE":
         raise AssertionError(f"{t['uniq_key']}: its last check before the discard was #{last}, expected {check_max}")
-    return Expected(state, frozenset(found))
+    return _outcome(t, resolved, discarded, rechecked=resolved and last_open and after <= 0, late=after > 0)
 
 
 def rip_82_expected(t: dict[str, Any], check_max: int) -> Expected:
     """What follows on a RIP-82 broker: no check copies, so nothing is checked after its resolution, and a
     half nobody resolved by its check_max + 1-th check is deleted, which a later decision cannot undo."""
     answers = [c["answer"] for c in t["checks"]]
+    answered = any(a in DECIDED for a in answers)
+    # The last of check_max + 1 checks deletes the half; a local decision after it came too late.
+    late = len(answers) == check_max + 1 and t["local_at"] > t["checks"][-1]["at"] and not answered
+    deleted = t["fate"] != "YOUNG" and not answered and (t["local"] not in DECIDED or late)
+    if deleted and t["fate"] not in UNSEEN_OPEN_COPIES and len(answers) != check_max + 1:
+        raise AssertionError(f"{t['uniq_key']}: {len(answers)} checks before the deletion, expected {check_max + 1}")
+    resolved = t["local"] in DECIDED or answered
+    return _outcome(t, resolved, deleted, rechecked=False, late=late)
+
+
+def _outcome(t: dict[str, Any], resolved: bool, discarded: bool, rechecked: bool, late: bool) -> Expected:
+    """The state and findings of a transaction, from what happened to it (`late`: decided after its discard)."""
+    answers = [c["answer"] for c in t["checks"]]
     commits = t["finals"]
     if commits > (t["local"] == "COMMIT") + answers.count("COMMIT"):
         raise AssertionError(f"{t['uniq_key']}: {commits} final messages for fewer COMMIT answers")
-    answered = any(a in DECIDED for a in answers)
-    if answered:
-        deleted = False
-    elif t["fate"] in UNSEEN_OPEN_COPIES:  # asked of nobody (a gone group) or of nobody who knew
-        deleted = t["local"] not in DECIDED
-    else:  # every check answered UNKNOW: deleted once the last of check_max + 1 was asked
-        late = len(answers) == check_max + 1 and t["local_at"] > t["checks"][-1]["at"]
-        deleted = t["local"] not in DECIDED or late
-        if deleted and t["fate"] != "YOUNG" and len(answers) != check_max + 1:
-            raise AssertionError(
-                f"{t['uniq_key']}: {len(answers)} checks before the deletion, expected {check_max + 1}"
-            )
-    deleted = deleted and t["fate"] != "YOUNG"
     found: set[tuple[str, str | None]] = set()
     if commits > 1:
         found.add(("DUPLICATE_COMMIT", None))
-    if deleted and t["local"] == "COMMIT":
+    if rechecked:
+        found.add(("RECHECKED_AFTER_RESOLUTION", None))
+    if late and t["local"] == "COMMIT":
         found.add(("ORPHANED_COMMIT", "AFTER_DISCARD"))
     if commits:
         state = "COMMITTED"
-    elif answered or (t["local"] in DECIDED and not deleted):
+    elif resolved:
         state = "ROLLED_BACK"
-    elif deleted:
+    elif discarded:
         state = "DISCARDED"
         found.add(("DISCARDED_AFTER_MAX_CHECKS", "MAX_CHECKS"))
     else:
