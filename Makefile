@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup jars rocketmq browser airflow package lint test run bench bench-sim bench-ingest bench-reconcile \
+.PHONY: setup jars rocketmq browser promtool airflow package lint test run bench bench-sim bench-ingest bench-reconcile \
 	bench-export bench-collect clean
 
 $(BIN)/python:
@@ -45,6 +45,12 @@ browser:
 	  $(SUDO) apt-get install -y -q chromium chromium-driver || \
 	  { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium chromium-driver; }; }
 
+# The alerting rules are checked and unit-tested with promtool, from Debian's prometheus package.
+promtool:
+	@command -v promtool >/dev/null || { \
+	  $(SUDO) apt-get install -y -q prometheus || \
+	  { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q prometheus; }; }
+
 # Airflow only parses the example DAG in a test; its own virtualenv keeps its pins away from ours.
 AIRFLOW_VENV := .venv-airflow
 AIRFLOW_PINS := apache-airflow==3.3.2 apache-airflow-providers-apache-spark==6.3.4
@@ -60,7 +66,7 @@ package: setup
 	$(BIN)/python -m jobs.package
 
 # Two workers, one test file each at a time, the longest files first (tests/conftest.py).
-test: lint browser airflow rocketmq
+test: lint browser promtool airflow rocketmq
 	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=20
 
 # The main job: simulate the default profile (100,000 transactions) into landing/demo, ingest,

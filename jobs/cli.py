@@ -41,6 +41,8 @@ JOBS: dict[str, tuple[str, str, str, str]] = {
     "run": ("pipeline", "add_run_arguments", "run_pipeline",
             "the pipeline on a landing folder: ingest, reconcile, quality, report"),
     "demo": ("pipeline", "add_demo_arguments", "demo", "simulate the default profile, run the pipeline, score"),
+    "serve": ("serve", "add_arguments", "run",
+              "one long-running engine: a cycle every minute, SQL (JDBC) and metrics (HTTP) meanwhile"),
     "sql": ("sql", "add_arguments", "run", "run one Spark SQL statement against the warehouse catalog"),
     "spark-conf": ("spark_conf", "add_arguments", "run", "write spark-defaults.conf for spark-sql / spark-submit"),
 }  # fmt: skip

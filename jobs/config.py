@@ -108,6 +108,38 @@ class CollectSettings:
 
 
 @dataclass(frozen=True)
+class ServeSettings:
+    """`txn-recon serve`: the landing it watches, the cluster it may collect, and where it listens."""
+
+    landing: str | None  # the command line's --landing wins
+    namesrv: str | None  # HOST:PORT[;HOST:PORT]: collect each cycle; null: only what others land
+    every_s: int  # seconds from one cycle's start to the next one's
+    http: str  # HOST:PORT of /metrics, /healthz and the dashboard
+    sql: str | None  # HOST:PORT of the SQL server (HiveServer2 protocol: JDBC, ODBC, beeline); null: none
+    sql_unauthenticated: bool  # a non-loopback `sql` must say so: the SQL server asks for no password
+    stale_after_cycles: int  # /healthz fails when the last good cycle is older than this many intervals
+
+    def __post_init__(self) -> None:
+        for name, address in (("http", self.http), ("sql", self.sql)):
+            if address is not None and not re.fullmatch(r"\[?[\w.:-]+\]?:\d{1,5}", address):
+                raise ConfigError(f"serve.{name}: {address!r} is not HOST:PORT")
+        if self.sql is not None and not is_loopback(self.sql) and not self.sql_unauthenticated:
+            raise ConfigError(f"serve.sql: {self.sql} is reachable from other hosts and the SQL server asks for no "
+                              "password; bind it to 127.0.0.1, or set serve.sql_unauthenticated: true to say you "
+                              "mean it")  # fmt: skip
+
+
+def host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(address: str) -> bool:
+    host = host_port(address)[0]
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+@dataclass(frozen=True)
 class Config:
     warehouse: str  # a local folder (made absolute) or a URI such as s3a://bucket/path
     database: str
@@ -117,6 +149,7 @@ class Config:
     ingest: IngestSettings
     quality: QualitySettings
     collect: CollectSettings
+    serve: ServeSettings
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.database):
@@ -161,14 +194,16 @@ def load_config(
 
 
 def _anchored(layer: dict[str, Any], base: Path) -> dict[str, Any]:
-    """The layer with its relative folders (warehouse, spark.jars_dir) made absolute against `base`."""
+    """The layer with its relative folders (warehouse, spark.jars_dir, serve.landing) made absolute against
+    `base`."""
     out = dict(layer)
     warehouse = out.get("warehouse")
     if isinstance(warehouse, str) and "://" not in warehouse:
         out["warehouse"] = str(base / Path(warehouse).expanduser())
-    spark = out.get("spark")
-    if isinstance(spark, dict) and isinstance(spark.get("jars_dir"), str):
-        out["spark"] = {**spark, "jars_dir": str(base / Path(spark["jars_dir"]).expanduser())}
+    for section, key in (("spark", "jars_dir"), ("serve", "landing")):
+        part = out.get(section)
+        if isinstance(part, dict) and isinstance(part.get(key), str):
+            out[section] = {**part, key: str(base / Path(part[key]).expanduser())}
     return out
 
 
@@ -240,6 +275,8 @@ def _problem(hint: Any, value: Any) -> str | None:
         if value <= 0:
             return f"must be positive, got {value}"
         return None
+    if hint is bool:
+        return None if isinstance(value, bool) else f"must be true or false, got {_kind(value)}"
     if hint in (str, Path):
         if not isinstance(value, str) or not value.strip():
             return f"must be a non-empty string, got {_kind(value)}"

@@ -1,4 +1,9 @@
-"""`txn-recon sql`: run one Spark SQL statement against the warehouse catalog and print the result."""
+"""`txn-recon sql`: run one Spark SQL statement against the warehouse catalog and print the result.
+
+While `txn-recon serve` runs on the warehouse it holds the catalog (an embedded metastore admits one
+process); then the statement goes to serve's SQL server over JDBC (Hive's beeline, from the jars pyspark
+ships), and every value comes back as text.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,25 @@ import argparse
 import csv
 import datetime as dt
 import decimal
+import io
 import json
+import re
+import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
+import pyspark
 from pyspark.errors import AnalysisException
 
 from jobs.config import Config
 from jobs.errors import QueryError
+from jobs.running import running_server
 from jobs.session import build_session
 
 FORMATS = ("table", "csv", "json")
+PROMPT = re.compile(r"^\d+: jdbc:\S*> ")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
+    jdbc = running_server(config)
+    if jdbc is not None:
+        columns, rows = query_server(jdbc, args.query)
+        write_result(columns, rows, args.format, sys.stdout)
+        return 0
     spark = build_session(config)
     spark.catalog.setCurrentDatabase(config.database)
     try:
@@ -36,6 +53,24 @@ def run(args: argparse.Namespace, config: Config) -> int:
         raise QueryError(_first_line(str(e))) from e
     write_result(columns, rows, args.format, sys.stdout)
     return 0
+
+
+def query_server(jdbc: str, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """The statement's columns and rows from serve's SQL server (values as text, NULL as None)."""
+    classpath = str(Path(pyspark.__file__).parent / "jars" / "*")
+    # disable.quoting.for.sv=false: quote values with commas (beeline's CSV quotes nothing by default)
+    out = subprocess.run(["java", "-Ddisable.quoting.for.sv=false", "-cp", classpath, "org.apache.hive.beeline.BeeLine",
+                          "-u", jdbc, "--silent=true",
+                          "--outputformat=csv2", "--nullemptystring=false", "-e", query],
+                         capture_output=True, text=True)  # fmt: skip
+    if out.returncode != 0:
+        errors = [line for line in out.stderr.splitlines() if line.startswith("Error:")]
+        raise QueryError(errors[0].removeprefix("Error: ") if errors else _first_line(out.stderr))
+    # beeline echoes its prompt ("0: jdbc:hive2://...> ") in front of the header, even when silent.
+    table = list(csv.reader(io.StringIO(PROMPT.sub("", out.stdout, count=1))))
+    if not table:
+        return [], []
+    return table[0], [tuple(None if v == "NULL" else v for v in row) for row in table[1:]]
 
 
 def write_result(columns: Sequence[str], rows: Sequence[tuple[Any, ...]], fmt: str, out: TextIO) -> None:

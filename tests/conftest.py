@@ -23,10 +23,10 @@ os.environ.setdefault("SPARK_CONF_DIR", str(TEST_DEFAULTS.parent))
 # collection order (`make test` turns off its reordering by test count), so both workers finish
 # together instead of one running the longest file alone at the end.
 # The two real-broker files are kept apart: both scenarios wait on timings a starved machine stretches.
-SLOWEST_FIRST = ("test_main_job.py", "test_outputs.py", "test_incremental.py", "test_reconcile.py", "test_cluster.py",
-                 "test_real_broker.py", "test_ingest.py", "test_rocketmq_versions.py", "test_ingest_kill.py",
-                 "test_real_groups.py", "test_metastore.py", "test_quality.py", "test_transforms.py",
-                 "test_consumer_rules.py")  # fmt: skip
+SLOWEST_FIRST = ("test_main_job.py", "test_outputs.py", "test_serve.py", "test_incremental.py", "test_reconcile.py",
+                 "test_cluster.py", "test_real_broker.py", "test_ingest.py", "test_rocketmq_versions.py",
+                 "test_ingest_kill.py", "test_real_groups.py", "test_collect.py", "test_metastore.py",
+                 "test_quality.py", "test_transforms.py", "test_consumer_rules.py")  # fmt: skip
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -116,3 +116,14 @@ def test_cli_unknown_option_is_one_line_and_exit_2(capsys: pytest.CaptureFixture
     err = capsys.readouterr().err
     assert excinfo.value.code == 2
     assert err.count("\n") == 1 and "unrecognized arguments: --formt" in err
+
+
+def test_serve_listens_on_loopback_unless_told_otherwise() -> None:
+    """The SQL server asks for no password: another host may reach it only when the config says so."""
+    with pytest.raises(ConfigError, match=r"serve.sql: 0.0.0.0:10000 is reachable from other hosts"):
+        load_config(overrides={"serve": {"sql": "0.0.0.0:10000"}})
+    assert load_config(overrides={"serve": {"sql": "0.0.0.0:10000", "sql_unauthenticated": True}}).serve.sql
+    with pytest.raises(ConfigError, match=r"serve.http: 'localhost' is not HOST:PORT"):
+        load_config(overrides={"serve": {"http": "localhost"}})
+    with pytest.raises(ConfigError, match=r"'serve.sql_unauthenticated' must be true or false"):
+        load_config(overrides={"serve": {"sql_unauthenticated": "yes"}})

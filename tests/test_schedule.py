@@ -75,3 +75,17 @@ def test_delta_conflicts_are_recognised_as_busy() -> None:
     assert CONCURRENT.search("[DELTA_CONCURRENT_APPEND.WITHOUT_HINT] ConcurrentAppendException: Files were added")
     assert CONCURRENT.search("io.delta.exceptions.MetadataChangedException: The metadata of the Delta table")
     assert not CONCURRENT.search("[DELTA_TABLE_NOT_FOUND] Delta table `x` doesn't exist.")
+
+
+def test_the_systemd_unit_starts_serve_and_stops_it_with_sigterm() -> None:
+    """The unit's ExecStart is a command our parser accepts, stopped the way serve stops cleanly, and
+    restarted when the engine fails (exit 1)."""
+    unit = dict(
+        line.split("=", 1) for line in (SCHEDULE / "txn-recon.service").read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    )  # fmt: skip
+    words = shlex.split(unit["ExecStart"])
+    assert words[0].endswith("/bin/txn-recon") and words[1] == "serve"
+    assert build_parser().parse_args(words[1:]).command == "serve"
+    assert (unit["KillSignal"], unit["Restart"]) == ("SIGTERM", "on-failure")
+    assert "TXN_RECON_JARS_DIR" in unit["Environment"]

@@ -1,5 +1,9 @@
 """Airflow DAG: the txn-recon pipeline every 15 minutes on a Spark cluster, never two runs at once.
 
+On one machine, `txn-recon serve` (conf/schedule/txn-recon.service) does the same every minute in one
+long-running process, with SQL and metrics meanwhile; this DAG is for a shared Spark cluster, where each
+job is a spark-submit application of its own. Do not run both on one warehouse.
+
 Install it by copying this file into the DAGs folder. On the Airflow workers, TXN_RECON_HOME is the
 project checkout with `make package` done (dist/txn_recon.zip) and conf/cluster.yaml filled in; the
 Airflow connection `spark_txn_recon` names the master (e.g. spark://spark-master:7077). The Delta jars

@@ -1,0 +1,251 @@
+"""`txn-recon serve`: one process and one Spark session for as long as it runs.
+
+Every `serve.every_s` seconds a cycle collects (given name servers), ingests what is new, reconciles
+incrementally, checks quality on what changed and redraws the dashboard, then appends one row to
+`serve_cycles`. A cycle that ingests nothing skips the rest: nothing it would compute has changed. A step
+that fails is one log line and a failed cycle; the next cycle tries again. Every step commits whole (a
+landing file renamed into place, a Delta commit per table), so SIGTERM and SIGINT, taken between steps,
+leave nothing half-written, and a restart after kill -9 goes on from what was committed. When the engine
+itself fails (the JVM gone), the process ends with exit code 1 for its service manager to restart it.
+
+While it runs it serves SQL (Spark's Thrift server, HiveServer2's protocol, on this session and catalog)
+and HTTP (/metrics for Prometheus, /healthz, and the dashboard at /).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from jobs import ingest, quality, reconcile, report
+from jobs.collect import Collector, write_runs
+from jobs.config import Config, host_port
+from jobs.errors import EngineError, TxnReconError, first_line
+from jobs.jars import local_jars
+from jobs.landing_files import make_landing
+from jobs.lock import folder_lock, warehouse_lock
+from jobs.running import address_file
+from jobs.runs import new_run_id
+from jobs.session import build_session
+from jobs.signals import Stop, stop_on_signals
+from jobs.web import Health, Metrics, start_http
+from schemas.service import SERVE_CYCLES, STEPS
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--landing", type=Path, help="the landing folder to watch (default: serve.landing)")
+    parser.add_argument("--namesrv", metavar="HOST:PORT[;HOST:PORT]", help="collect this cluster each cycle")
+    parser.add_argument("--every", type=int, metavar="SECONDS", help="from one cycle's start to the next one's")
+
+
+@dataclass
+class Cycle:
+    """One cycle's accounting: seconds per step run, counts, and the first failure."""
+
+    cycle_id: str
+    started_at: dt.datetime
+    seconds: dict[str, float] = field(default_factory=dict)
+    inserted: int = 0
+    quarantined: int = 0
+    anomalies: dict[str, int] | None = None
+    quality_failed: int | None = None
+    error: str | None = None
+    idle: bool = False
+    stopped: bool = False
+    finished_at: dt.datetime | None = None
+
+    @property
+    def status(self) -> str:
+        return "failed" if self.error else "stopped" if self.stopped else "idle" if self.idle else "ok"
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "cycle_id": self.cycle_id, "started_at": self.started_at, "finished_at": self.finished_at,
+            "status": self.status, **{f"{s}_s": self.seconds.get(s) for s in STEPS}, "inserted": self.inserted,
+            "quarantined": self.quarantined,
+            "anomalies": None if self.anomalies is None else sum(self.anomalies.values()),
+            "quality_failed": self.quality_failed, "error": self.error,
+        }  # fmt: skip
+
+
+@dataclass
+class Engine:
+    """What every cycle works with: the session, the settings, the collector if any."""
+
+    spark: SparkSession
+    config: Config
+    landing: Path
+    collector: Collector | None
+    stop: Stop
+    cycles: int = 0
+    caught_up: bool = False  # the last cycle ran every step: with nothing new, the next one may rest
+
+    def cycle(self) -> Cycle:
+        now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        c = Cycle(new_run_id(now, "serve"), now)
+        steps: list[tuple[str, Callable[[Cycle], None]]] = [
+            ("collect", self.collect), ("ingest", self.ingest), ("reconcile", self.reconcile),
+            ("quality", self.quality), ("report", self.report),
+        ]  # fmt: skip
+        for name, step in steps:
+            if self.stop.is_set():
+                c.stopped = True
+                break
+            if c.idle:
+                break
+            if name == "collect" and self.collector is None:
+                continue
+            log.info("cycle %d: %s", self.cycles + 1, name)
+            started = time.perf_counter()
+            try:
+                step(c)
+            except EngineError:
+                raise
+            except Exception as e:
+                if not _engine_alive(self.spark):
+                    raise EngineError(f"Spark failed in the {name} step ({first_line(e)})") from e
+                c.error = f"{name}: {e if isinstance(e, TxnReconError) else first_line(e)}"
+                log.error("cycle %d: %s; the next cycle tries again", self.cycles + 1, c.error)
+                break
+            finally:
+                c.seconds[name] = round(time.perf_counter() - started, 3)
+        c.finished_at = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        self.cycles += 1
+        self.caught_up = c.status in ("ok", "idle")
+        return c
+
+    def collect(self, c: Cycle) -> None:
+        assert self.collector is not None
+        run_id = new_run_id(dt.datetime.now(dt.UTC), "collect")
+        with folder_lock(self.landing / "_collect", f"the collect state in {self.landing}", "serve",
+                         name=".collect.lock"):  # fmt: skip
+            runs = self.collector.run_pass(run_id)
+            write_runs(self.collector.folder, run_id, runs)
+        if runs and all(r.status == "failed" for r in runs):
+            raise TxnReconError(f"collect read nothing: {runs[0].errors[0] if runs[0].errors else 'no broker'}")
+
+    def ingest(self, c: Cycle) -> None:
+        tallies = ingest.ingest_landing(self.spark, self.config, self.landing, c.cycle_id, c.started_at)
+        c.inserted = sum(t.inserted for t in tallies.values())
+        c.quarantined = sum(t.quarantined for t in tallies.values())
+        # Nothing new after a whole cycle, nothing to redo: reconcile's default as_of is the latest event, so
+        # its result stands. After a failure, a stop or a restart (kill -9 may have come after ingest) the
+        # rest runs all the same.
+        c.idle = self.caught_up and c.inserted == 0
+
+    def reconcile(self, c: Cycle) -> None:
+        c.anomalies = reconcile.reconcile(self.spark, self.config)
+
+    def quality(self, c: Cycle) -> None:
+        outcome = quality.check_quality(self.spark, self.config, c.cycle_id, c.started_at)
+        c.quality_failed = len(outcome.failures)
+
+    def report(self, c: Cycle) -> None:
+        report.write_report(self.spark, self.config)
+
+
+def _engine_alive(spark: SparkSession) -> bool:
+    try:
+        return not spark.sparkContext._jsc.sc().isStopped()
+    except Exception:  # the gateway or the JVM behind it is gone
+        return False
+
+
+def record(spark: SparkSession, config: Config, c: Cycle) -> None:
+    from jobs.catalog import create_table
+    from schemas.spark import to_struct
+
+    table = create_table(spark, config, SERVE_CYCLES)
+    spark.createDataFrame([c.row()], to_struct(SERVE_CYCLES)).writeTo(table).append()
+
+
+def with_sql_server(config: Config, address: str) -> Config:
+    """The settings the SQL server needs from the start: its address, which it reads from the session's
+    Hadoop configuration (set once the session runs, it is not seen), and the Delta jars on the driver's
+    class path, since its client sessions load the catalog class where `spark.jars` do not reach."""
+    host, port = host_port(address)
+    extra = {"spark.hadoop.hive.server2.thrift.bind.host": host, "spark.hadoop.hive.server2.thrift.port": str(port)}
+    if config.spark.delta_jars == "local":
+        extra["spark.driver.extraClassPath"] = os.pathsep.join(str(p) for p in local_jars(config.spark))
+    return dataclasses.replace(config, spark=dataclasses.replace(config.spark, conf={**config.spark.conf, **extra}))
+
+
+def start_sql_server(spark: SparkSession) -> Any:
+    """Spark's Thrift server (HiveServer2's protocol) on this session: JDBC and ODBC clients see the tables
+    as the cycles commit them. It asks for no password (hence loopback unless the config says otherwise)."""
+    server_class = spark._jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2  # type: ignore[union-attr]
+    return server_class.startWithContext(spark._jsparkSession.sqlContext())
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    settings = config.serve
+    landing = args.landing or (Path(settings.landing) if settings.landing else None)
+    if landing is None:
+        raise TxnReconError("serve needs a landing folder: --landing DIR, or serve.landing in the config")
+    namesrv = args.namesrv or settings.namesrv
+    every = args.every if args.every is not None else settings.every_s
+    if every <= 0:
+        raise TxnReconError(f"--every {every}: expected a positive number of seconds")
+    if namesrv:
+        make_landing(landing)
+    elif not landing.is_dir():
+        raise TxnReconError(f"--landing {landing} is not a folder (give --namesrv to collect into a new one)")
+    with warehouse_lock(config, "serve"), stop_on_signals() as stop:
+        spark = build_session(with_sql_server(config, settings.sql) if settings.sql else config)
+        sql = start_sql_server(spark) if settings.sql else None
+        health = Health(every, settings.stale_after_cycles, report.default_path(config))
+        metrics = Metrics()
+        http = start_http(settings.http, metrics, health)
+        if sql is not None:
+            host, port = host_port(settings.sql or "")
+            jdbc = f"jdbc:hive2://{host}:{port}/{config.database}"
+            address_file(config).parent.mkdir(parents=True, exist_ok=True)
+            address_file(config).write_text(json.dumps({"pid": os.getpid(), "sql": settings.sql, "jdbc": jdbc}))
+            print(f"txn-recon serve: SQL on {jdbc}", flush=True)
+        print(f"txn-recon serve: HTTP on http://{settings.http}/ (/metrics, /healthz)", flush=True)
+        collector = None
+        if namesrv:
+            collector = Collector([a.strip() for a in namesrv.split(";") if a.strip()], landing, config.collect, stop)
+        engine = Engine(spark, config, landing, collector, stop)
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                c = engine.cycle()
+                record(spark, config, c)
+                metrics.update(spark, config, c)
+                health.cycle_done(c.status != "failed")
+                print(f"txn-recon serve: cycle {engine.cycles} {c.status}: inserted {c.inserted}"
+                      + ("" if c.anomalies is None else f", {sum(c.anomalies.values())} findings")
+                      + "".join(f", {k} {v:.1f} s" for k, v in c.seconds.items())
+                      + (f"; {c.error}" if c.error else ""), flush=True)  # fmt: skip
+                stop.wait(max(every - (time.monotonic() - started), 0))
+        finally:
+            http.shutdown()
+            if sql is not None:
+                address_file(config).unlink(missing_ok=True)
+                with contextlib.suppress(Exception):  # the JVM may be gone: the error that ends the run says so
+                    sql.stop()
+    print(f"txn-recon serve: stopped by {stop.name} after {engine.cycles} cycle(s); every cycle is recorded",
+          flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    from jobs.cli import main
+
+    sys.exit(main(["serve", *sys.argv[1:]]))

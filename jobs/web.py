@@ -1,0 +1,155 @@
+"""What `txn-recon serve` shows over HTTP: /metrics in Prometheus' text format, /healthz, and the latest
+dashboard at /. The figures are read from the tables after each cycle, so a scrape costs no Spark work."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from jobs.config import Config, host_port
+from jobs.errors import TxnReconError
+
+if TYPE_CHECKING:
+    from jobs.serve import Cycle
+
+log = logging.getLogger(__name__)
+STUCK_AGES = {"1m": 60_000, "10m": 600_000, "1h": 3_600_000, "1d": 86_400_000}  # label: pending at least this long
+
+
+class Metrics:
+    """The gauges an operator alerts on, refreshed from the tables after each cycle."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.findings = Gauge("txn_recon_findings", "Findings in the anomalies table, by type and consumer group "
+                              "(group empty: a transaction's)", ["type", "group"], registry=r)  # fmt: skip
+        self.stuck = Gauge("txn_recon_pending_transactions", "Transactions still pending at the data time, at least "
+                           "this old", ["older_than"], registry=r)  # fmt: skip
+        self.check_backlog = Gauge("txn_recon_check_backlog", "Half messages the broker's check service has not "
+                                   "passed, at the last collect", ["broker"], registry=r)  # fmt: skip
+        self.op_backlog = Gauge("txn_recon_op_backlog", "Op messages the broker's check service has not read, at "
+                                "the last collect", ["broker"], registry=r)  # fmt: skip
+        self.as_of = Gauge("txn_recon_data_time_seconds", "The data time of the last reconcile", registry=r)
+        self.step_seconds = Gauge("txn_recon_last_cycle_step_seconds", "Seconds each step of the last cycle took",
+                                  ["step"], registry=r)  # fmt: skip
+        self.last_ok = Gauge("txn_recon_last_cycle_ok", "1 if the last cycle did not fail", registry=r)
+        self.last_end = Gauge("txn_recon_last_cycle_timestamp_seconds", "When the last cycle ended", registry=r)
+        self.good_end = Gauge("txn_recon_last_good_cycle_timestamp_seconds", "When the last cycle that did not "
+                              "fail ended", registry=r)  # fmt: skip
+        self.cycles = Counter("txn_recon_cycles", "Cycles run since the start, by status", ["status"], registry=r)
+
+    def update(self, spark: SparkSession, config: Config, cycle: Cycle) -> None:
+        now = time.time()
+        self.cycles.labels(cycle.status).inc()
+        self.last_end.set(now)
+        self.last_ok.set(0 if cycle.status == "failed" else 1)
+        if cycle.status != "failed":
+            self.good_end.set(now)
+        self.step_seconds.clear()
+        for step, seconds in cycle.seconds.items():
+            self.step_seconds.labels(step).set(seconds)
+        if cycle.anomalies is not None:
+            try:
+                self._read_tables(spark, config)
+            except Exception as e:  # a scrape shows the last figures; the next cycle reads them again
+                log.warning("metrics: could not read the tables (%s)", e)
+
+    def _read_tables(self, spark: SparkSession, config: Config) -> None:
+        findings = spark.table(config.table("anomalies")).groupBy("anomaly_type", "consumer_group").count().collect()
+        self.findings.clear()
+        for r in findings:
+            self.findings.labels(r["anomaly_type"], r["consumer_group"] or "").set(r["count"])
+        [run] = spark.table(config.table("reconcile_runs")).orderBy(F.desc("finished_at")).limit(1).collect()
+        as_of = int(run["as_of"])
+        self.as_of.set(as_of / 1000)
+        pending = spark.table(config.table("txn_lifecycle")).where("state = 'PENDING'").select(
+            *(F.count_if(F.lit(as_of) - F.col("born_ts") >= ms).alias(label) for label, ms in STUCK_AGES.items())
+        ).collect()[0]  # fmt: skip
+        for label in STUCK_AGES:
+            self.stuck.labels(label).set(pending[label])
+        if spark.catalog.tableExists(config.table("collect_runs")):
+            latest = (spark.table(config.table("collect_runs")).where("broker_name IS NOT NULL")
+                      .groupBy("broker_name").agg(F.max_by(F.struct("check_backlog", "op_backlog"), "started_at")
+                                                  .alias("b")).collect())  # fmt: skip
+            self.check_backlog.clear()
+            self.op_backlog.clear()
+            for r in latest:
+                if r["b"]["check_backlog"] is not None:
+                    self.check_backlog.labels(r["broker_name"]).set(r["b"]["check_backlog"])
+                if r["b"]["op_backlog"] is not None:
+                    self.op_backlog.labels(r["broker_name"]).set(r["b"]["op_backlog"])
+
+
+@dataclass
+class Health:
+    """Healthy while the last good cycle ended less than `stale_after_cycles` intervals ago."""
+
+    every_s: int
+    stale_after_cycles: int
+    dashboard: Path
+    started: float = 0.0
+    last_good: float | None = None
+
+    def __post_init__(self) -> None:
+        self.started = time.time()
+
+    def cycle_done(self, ok: bool) -> None:
+        if ok:
+            self.last_good = time.time()
+
+    def check(self) -> tuple[bool, str]:
+        limit = self.every_s * self.stale_after_cycles
+        if self.last_good is None:
+            waited = time.time() - self.started
+            return waited <= limit, f"no good cycle yet ({waited:.0f} s since the start)"
+        age = time.time() - self.last_good
+        return age <= limit, f"last good cycle {age:.0f} s ago (limit {limit} s)"
+
+
+def start_http(address: str, metrics: Metrics, health: Health) -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz and / from a thread of this process; `shutdown()` ends it."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?")[0]
+            if path == "/metrics":
+                self._send(200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry))
+            elif path == "/healthz":
+                ok, why = health.check()
+                self._send(200 if ok else 503, "text/plain; charset=utf-8", f"{'ok' if ok else 'stale'}: {why}\n")
+            elif path in ("/", "/dashboard.html"):
+                try:
+                    self._send(200, "text/html; charset=utf-8", health.dashboard.read_bytes())
+                except FileNotFoundError:
+                    self._send(503, "text/plain; charset=utf-8", "no dashboard yet: the first cycle draws it\n")
+            else:
+                self._send(404, "text/plain; charset=utf-8", "not found: try /, /metrics or /healthz\n")
+
+        def _send(self, code: int, kind: str, body: bytes | str) -> None:
+            data = body.encode() if isinstance(body, str) else body
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("http: " + format, *args)
+
+    host, port = host_port(address)
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as e:
+        raise TxnReconError(f"serve.http {address}: cannot listen ({e.strerror})") from None
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="txn-recon-http", daemon=True).start()
+    return server

@@ -1,0 +1,179 @@
+"""`txn-recon serve` run the way a service manager runs it: one process, cycles over a landing folder that
+grows, SQL over JDBC (Hive's beeline, from the jars pyspark ships) while a cycle writes, metrics and health
+over HTTP, kill -9 in the middle of a cycle and a restart, and a clean stop on SIGTERM. The tables it ends
+with are scored against the model's truth, as one clean run's are."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyspark
+import pytest
+
+from jobs.score import found_keys, read_truth, score
+from tests.test_ingest import make_landing
+
+BEELINE_CP = str(Path(pyspark.__file__).parent / "jars" / "*")
+STREAMS = ("half", "op", "real", "offset", "consumer")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Served:
+    """A `txn-recon serve` process, its output in a file, and its addresses."""
+
+    def __init__(self, landing: Path, conf: Path, warehouse: Path, log: Path,
+                 processes: list[subprocess.Popen[bytes]]) -> None:  # fmt: skip
+        self.log = log
+        cmd = [sys.executable, "-m", "jobs.serve", "--landing", str(landing), "--conf", str(conf),
+               "--warehouse", str(warehouse)]  # fmt: skip
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        processes.append(self.proc)
+        wait_for(lambda: "HTTP on" in self.text() or self.proc.poll() is not None, 120, "serve to listen")
+        assert self.proc.poll() is None, self.text()[-3000:]
+        self.jdbc = re.search(r"SQL on (jdbc:hive2://\S+)", self.text()).group(1)  # type: ignore[union-attr]
+        self.http = re.search(r"HTTP on (http://\S+)/", self.text()).group(1)  # type: ignore[union-attr]
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.http + path, timeout=10) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def cycles(self) -> list[str]:
+        return re.findall(r"txn-recon serve: cycle \d+ (\w+)", self.text())
+
+    def sql(self, statement: str) -> list[dict[str, str]]:
+        """Rows over JDBC, as beeline prints them: CSV (values with commas quoted), NULL for null."""
+        out = subprocess.run(["java", "-Ddisable.quoting.for.sv=false", "-cp", BEELINE_CP,
+                              "org.apache.hive.beeline.BeeLine", "-u", self.jdbc, "--outputformat=csv2",
+                              "--silent=true", "--showHeader=true", "-e", statement],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        # beeline echoes its prompt in front of the header, even when silent
+        return list(csv.DictReader(io.StringIO(re.sub(r"^\d+: jdbc:\S*> ", "", out.stdout.strip()))))
+
+
+def wait_for(ready: Callable[[], bool], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} after {seconds:g} s")
+        time.sleep(0.5)
+
+
+def metric(text: str, name: str) -> dict[str, float]:
+    """One metric's samples in Prometheus' text format, by their label set."""
+    return {labels: float(value) for labels, value in re.findall(rf"^{name}(\{{.*?\}}|) (\S+)$", text, re.M)}
+
+
+def land(source: Path, landing: Path, part: int, parts: int) -> None:
+    """Every `parts`-th landing file of each stream, from the `part`-th on, as one new file per stream that
+    appears at once (renamed into place), so a cycle lands a stream's part whole or not at all."""
+    for stream in STREAMS:
+        (landing / stream).mkdir(parents=True, exist_ok=True)
+        text = "".join(f.read_text() for f in sorted((source / stream).glob("*.jsonl"))[part::parts])
+        if text:
+            (landing / stream / f".part-{part}.tmp").write_text(text)
+            (landing / stream / f".part-{part}.tmp").rename(landing / stream / f"part-{part}.jsonl")
+
+
+def anomaly_rows(served: Served) -> list[dict[str, Any]]:
+    rows = served.sql("SELECT anomaly_type, reason, broker_name, uniq_key, consumer_group, topic, queue_id, "
+                      "event_ts, as_of, detail FROM txn_recon.anomalies")  # fmt: skip
+    ints = ("queue_id", "event_ts", "as_of")
+    return [{k: None if v in ("", "NULL") else int(v) if k in ints else v for k, v in r.items()} for r in rows]
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The serve processes a test starts, killed if the test ends before they stop."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[subprocess.Popen[bytes]]) -> None:
+    source = tmp_path / "source"
+    make_landing(source, n=120, per_file=60)
+    landing, warehouse, log = tmp_path / "landing", tmp_path / "warehouse", tmp_path / "serve.log"
+    conf = tmp_path / "serve.yaml"
+    conf.write_text(json.dumps({"serve": {"every_s": 2, "http": f"127.0.0.1:{_free_port()}",
+                                          "sql": f"127.0.0.1:{_free_port()}"},
+                                "spark": {"conf": {"spark.sql.shuffle.partitions": "2"}}}))  # fmt: skip
+    land(source, landing, 0, 2)
+
+    served = Served(landing, conf, warehouse, log, processes)
+    wait_for(lambda: bool(served.cycles()), 300, "a first cycle")
+    assert served.cycles()[0] == "ok", served.text()[-3000:]
+    assert served.get("/healthz") == (200, served.get("/healthz")[1]) and served.get("/healthz")[1].startswith("ok")
+    status, page = served.get("/")
+    assert status == 200 and "<html" in page.lower()
+    findings = metric(served.get("/metrics")[1], "txn_recon_findings")
+    by_type = {r["anomaly_type"]: int(r["n"]) for r in served.sql(
+        "SELECT anomaly_type, count(*) AS n FROM txn_recon.anomalies GROUP BY anomaly_type")}  # fmt: skip
+    summed: dict[str, float] = {}
+    for labels, value in findings.items():
+        kind = re.search(r'type="(\w+)"', labels).group(1)  # type: ignore[union-attr]
+        summed[kind] = summed.get(kind, 0) + value
+    assert by_type and summed == by_type
+
+    # The second half lands while it runs. Every answer over JDBC during the cycle that ingests it is the
+    # table before or after that cycle's commit, never a part of it. Then kill -9 once that cycle reconciles.
+    halves = sum(1 for f in (source / "half").glob("*.jsonl") for _ in f.read_text().splitlines())
+    before = int(served.sql("SELECT count(*) AS n FROM txn_recon.half_events")[0]["n"])
+    assert 0 < before < halves
+    land(source, landing, 1, 2)
+    done = len(served.cycles())
+    reconciling = re.compile(r"cycle (\d+): reconcile")
+    seen = set()
+    while not any(int(n) > done for n in reconciling.findall(served.text())):
+        seen.add(int(served.sql("SELECT count(*) AS n FROM txn_recon.half_events")[0]["n"]))
+    served.proc.kill()
+    served.proc.wait(30)
+    assert seen and seen <= {before, halves}, (before, halves, seen)
+    killed = len(served.cycles())
+    restarted = Served(landing, conf, warehouse, log, processes)
+    wait_for(lambda: "ok" in restarted.cycles()[killed:], 300, "a good cycle after the restart")
+    statuses = {r["status"]: int(r["n"]) for r in restarted.sql(
+        "SELECT status, count(*) AS n FROM txn_recon.serve_cycles GROUP BY status")}  # fmt: skip
+    assert "failed" not in statuses and statuses.get("ok", 0) >= 2, statuses
+    assert int(restarted.sql("SELECT count(*) AS n FROM txn_recon.half_events")[0]["n"]) == halves
+    # `txn-recon sql` cannot open the catalog serve holds: it asks serve's SQL server instead.
+    cli = subprocess.run([sys.executable, "-m", "jobs.sql", "SELECT count(*) AS n FROM half_events", "--format", "csv",
+                          "--warehouse", str(warehouse)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert (cli.returncode, cli.stdout) == (0, f"n\n{halves}\n"), cli.stderr[-2000:]
+    expected, _ = read_truth(source / "_truth")
+    scores = score(expected, found_keys(anomaly_rows(restarted)))
+    assert all(s.perfect for s in scores.values()), {k: (s.false_positives[:3], s.false_negatives[:3])
+                                                      for k, s in scores.items() if not s.perfect}  # fmt: skip
+
+    restarted.proc.send_signal(signal.SIGTERM)
+    assert restarted.proc.wait(60) == 0, restarted.text()[-3000:]
+    assert re.search(r"stopped by SIGTERM after \d+ cycle", restarted.text())
+    assert "Traceback" not in restarted.text()
