@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: setup jars rocketmq browser promtool airflow package lint test run bench bench-sim bench-ingest bench-reconcile \
-	bench-export bench-collect clean
+	bench-export bench-collect bench-serve clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -103,6 +103,10 @@ bench-export: setup
 # Collect throughput and memory from a real broker on loopback (the RocketMQ jars of `make rocketmq`).
 bench-collect: setup rocketmq
 	$(BIN)/python -m tests.bench.bench_collect
+
+# A serve cycle bringing about 1,000 new transactions to 1M and 2M reconciled ones (BENCH_TRANSACTIONS).
+bench-serve: setup
+	$(BIN)/python -m tests.bench.bench_serve
 
 clean:
 	rm -rf warehouse landing .pytest_cache .mypy_cache .ruff_cache

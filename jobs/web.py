@@ -38,6 +38,8 @@ class Metrics:
                                    "passed, at the last collect", ["broker"], registry=r)  # fmt: skip
         self.op_backlog = Gauge("txn_recon_op_backlog", "Op messages the broker's check service has not read, at "
                                 "the last collect", ["broker"], registry=r)  # fmt: skip
+        self.op_lag = Gauge("txn_recon_op_lag_seconds", "From a transaction's first commit to the op that "
+                            "resolved it, over the committed and resolved ones", ["quantile"], registry=r)  # fmt: skip
         self.as_of = Gauge("txn_recon_data_time_seconds", "The data time of the last reconcile", registry=r)
         self.step_seconds = Gauge("txn_recon_last_cycle_step_seconds", "Seconds each step of the last cycle took",
                                   ["step"], registry=r)  # fmt: skip
@@ -71,7 +73,15 @@ class Metrics:
         [run] = spark.table(config.table("reconcile_runs")).orderBy(F.desc("finished_at")).limit(1).collect()
         as_of = int(run["as_of"])
         self.as_of.set(as_of / 1000)
-        pending = spark.table(config.table("txn_lifecycle")).where("state = 'PENDING'").select(
+        life = spark.table(config.table("txn_lifecycle"))
+        lag = (F.col("resolved_ts") - F.col("first_commit_ts")) / 1000
+        [lags] = life.where(lag.isNotNull()).select(
+            F.percentile_approx(lag, [0.5, 0.99]).alias("q"), F.max(lag).alias("max")).collect()  # fmt: skip
+        self.op_lag.clear()
+        if lags["max"] is not None:
+            for label, value in (("0.5", lags["q"][0]), ("0.99", lags["q"][1]), ("1", lags["max"])):
+                self.op_lag.labels(label).set(value)
+        pending = life.where("state = 'PENDING'").select(
             *(F.count_if(F.lit(as_of) - F.col("born_ts") >= ms).alias(label) for label, ms in STUCK_AGES.items())
         ).collect()[0]  # fmt: skip
         for label in STUCK_AGES:

@@ -1,0 +1,114 @@
+"""`make bench-serve`: what a serve cycle costs that brings about 1,000 new transactions to a warehouse
+that already holds N reconciled ones (BENCH_TRANSACTIONS, default "1000000 2000000").
+
+For each N the model simulates 1.001 x N transactions of the default profile as Parquet, split by event
+time into `base` and `tail` (the last 0.1% of events, about N / 1000 transactions; landing/bench-serve-N,
+reused when it is there). `txn-recon ingest` and `reconcile` make the warehouse from `base`; then
+`txn-recon serve` starts on it with a cycle every 5 s. Its first cycle finds nothing new but, after a
+start, runs every step once (the warm-up); then `tail` lands and the next cycle brings it in. Printed:
+that cycle's seconds per step from serve's own line (collect excluded: nothing to collect here), and the
+peak resident memory of serve's process tree. A benchmark, not a test: nothing asserts on time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tests.bench.bench_pipeline import ROOT, TIME
+from tests.bench.bench_reconcile import TXN_RECON, _hwm_kib, _tree, timed
+
+TAIL_SHARE = 0.001
+CYCLE = re.compile(r"txn-recon serve: cycle (\d+) (\w+): inserted (\d+)(.*)")
+
+
+def landing_for(n: int) -> tuple[Path, Path]:
+    """landing/bench-serve-N/{base,tail}, simulated and split once."""
+    root = ROOT / "landing" / f"bench-serve-{n}"
+    if (root / "split.json").exists():
+        return root / "base", root / "tail"
+    shutil.rmtree(root, ignore_errors=True)
+    sim = root / "simulated"
+    total = n + n // 1000
+    subprocess.run([TXN_RECON, "simulate", "--out", str(sim), "--transactions", str(total), "--format", "parquet"],
+                   check=True, capture_output=True)  # fmt: skip
+    tables = {s: pq.read_table(sim / s) for s in TIME}
+    times = pa.chunked_array([c for s, t in tables.items() for c in t.column(TIME[s]).chunks])
+    cut = pc.quantile(times, q=1 - TAIL_SHARE, interpolation="lower")[0].as_py()
+    counts = {"base": 0, "tail": 0}
+    for s, table in tables.items():
+        late = pc.greater(table.column(TIME[s]), cut)
+        for part, rows in (("base", table.filter(pc.invert(late))), ("tail", table.filter(late))):
+            (root / part / s).mkdir(parents=True, exist_ok=True)
+            pq.write_table(rows, root / part / s / f"{part}.parquet", row_group_size=250_000)
+            counts[part] += rows.num_rows
+    shutil.rmtree(sim)
+    (root / "split.json").write_text(json.dumps(counts))
+    return root / "base", root / "tail"
+
+
+def cycles(log: Path) -> list[re.Match[str]]:
+    return list(CYCLE.finditer(log.read_text(errors="replace")))
+
+
+def wait_for_cycle(log: Path, after: int, proc: subprocess.Popen[bytes], peak: list[int]) -> re.Match[str]:
+    while len(cycles(log)) <= after:
+        if proc.poll() is not None:
+            raise SystemExit(f"serve ended:\n{log.read_text()[-3000:]}")
+        peak[0] = max([peak[0], *(_hwm_kib(p) for p in _tree(proc.pid))])
+        time.sleep(0.5)
+    return cycles(log)[after]
+
+
+def _steps(m: re.Match[str]) -> str:
+    steps = re.findall(r"(\w+) ([\d.]+) s", m[4])
+    return f"{sum(float(v) for _, v in steps):.1f} s in all ({', '.join(f'{k} {v} s' for k, v in steps)})"
+
+
+def main() -> int:
+    sizes = [int(n) for n in os.environ.get("BENCH_TRANSACTIONS", "1000000 2000000").split()]
+    for n in sizes:
+        base, tail = landing_for(n)
+        with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+            landing, warehouse, log = Path(tmp) / "landing", Path(tmp) / "warehouse", Path(tmp) / "serve.log"
+            for s in TIME:
+                (landing / s).mkdir(parents=True)
+                os.link(base / s / "base.parquet", landing / s / "base.parquet")
+            wh = ["--warehouse", str(warehouse)]
+            ingest_s, _ = timed([TXN_RECON, "ingest", "--landing", str(landing), *wh])
+            reconcile_s, _ = timed([TXN_RECON, "reconcile", *wh])
+            conf = Path(tmp) / "serve.yaml"
+            conf.write_text(json.dumps({"serve": {"every_s": 5, "http": "127.0.0.1:0", "sql": None}}))
+            with open(log, "wb") as out:
+                proc = subprocess.Popen([TXN_RECON, "serve", "--landing", str(landing), "--conf", str(conf), *wh],
+                                        stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+            peak = [0]
+            warm = wait_for_cycle(log, 0, proc, peak)
+            for s in TIME:
+                os.link(tail / s / "tail.parquet", landing / s / "tail.parquet")
+            new = wait_for_cycle(log, len(cycles(log)), proc, peak)
+            while int(new[3]) == 0:  # a cycle that had begun before the tail landed
+                new = wait_for_cycle(log, int(new[1]), proc, peak)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(600)
+            print(f"serve on {n:,} reconciled transactions (made by ingest {ingest_s:.0f} s, reconcile "
+                  f"{reconcile_s:.0f} s):\n  warm-up cycle: {_steps(warm)}\n  the cycle that brought "
+                  f"{int(new[3]):,} new records: {_steps(new)}\n  peak RSS of serve's process tree "
+                  f"{peak[0] // 1024:,} MiB", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
