@@ -31,6 +31,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from jobs import ingest, quality, reconcile, report
+from jobs.catalog import create_table
 from jobs.collect import Collector, write_runs
 from jobs.config import Config, host_port
 from jobs.errors import EngineError, TxnReconError, first_line
@@ -43,6 +44,7 @@ from jobs.session import build_session
 from jobs.signals import Stop, stop_on_signals
 from jobs.web import Health, Metrics, start_http
 from schemas.service import SERVE_CYCLES, STEPS
+from schemas.spark import to_struct
 
 log = logging.getLogger(__name__)
 
@@ -167,11 +169,14 @@ def _engine_alive(spark: SparkSession) -> bool:
 
 
 def record(spark: SparkSession, config: Config, c: Cycle) -> None:
-    from jobs.catalog import create_table
-    from schemas.spark import to_struct
-
-    table = create_table(spark, config, SERVE_CYCLES)
-    spark.createDataFrame([c.row()], to_struct(SERVE_CYCLES)).writeTo(table).append()
+    """Append the cycle's row; a failure to is one line (the cycle's work is committed all the same)."""
+    try:
+        table = create_table(spark, config, SERVE_CYCLES)
+        spark.createDataFrame([c.row()], to_struct(SERVE_CYCLES)).writeTo(table).append()
+    except Exception as e:
+        if not _engine_alive(spark):
+            raise EngineError(f"Spark failed while recording a cycle ({first_line(e)})") from e
+        log.error("cycle %s: could not record it in %s (%s)", c.cycle_id, SERVE_CYCLES.name, first_line(e))
 
 
 def with_sql_server(config: Config, address: str) -> Config:
@@ -185,11 +190,14 @@ def with_sql_server(config: Config, address: str) -> Config:
     return dataclasses.replace(config, spark=dataclasses.replace(config.spark, conf={**config.spark.conf, **extra}))
 
 
-def start_sql_server(spark: SparkSession) -> Any:
+def start_sql_server(spark: SparkSession, address: str) -> Any:
     """Spark's Thrift server (HiveServer2's protocol) on this session: JDBC and ODBC clients see the tables
     as the cycles commit them. It asks for no password (hence loopback unless the config says otherwise)."""
     server_class = spark._jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2  # type: ignore[union-attr]
-    return server_class.startWithContext(spark._jsparkSession.sqlContext())
+    try:
+        return server_class.startWithContext(spark._jsparkSession.sqlContext())
+    except Exception as e:  # the port taken, most often
+        raise TxnReconError(f"serve.sql {address}: the SQL server cannot start ({first_line(e)})") from None
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
@@ -201,13 +209,15 @@ def run(args: argparse.Namespace, config: Config) -> int:
     every = args.every if args.every is not None else settings.every_s
     if every <= 0:
         raise TxnReconError(f"--every {every}: expected a positive number of seconds")
+    if namesrv and not all(a.strip().rpartition(":")[2].isdigit() for a in namesrv.split(";") if a.strip()):
+        raise TxnReconError(f"--namesrv {namesrv!r}: expected HOST:PORT, several separated by ';'")
     if namesrv:
         make_landing(landing)
     elif not landing.is_dir():
         raise TxnReconError(f"--landing {landing} is not a folder (give --namesrv to collect into a new one)")
     with warehouse_lock(config, "serve"), stop_on_signals() as stop:
         spark = build_session(with_sql_server(config, settings.sql) if settings.sql else config)
-        sql = start_sql_server(spark) if settings.sql else None
+        sql = start_sql_server(spark, settings.sql) if settings.sql else None
         health = Health(every, settings.stale_after_cycles, report.default_path(config))
         metrics = Metrics()
         http = start_http(settings.http, metrics, health)
@@ -217,7 +227,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
             address_file(config).parent.mkdir(parents=True, exist_ok=True)
             address_file(config).write_text(json.dumps({"pid": os.getpid(), "sql": settings.sql, "jdbc": jdbc}))
             print(f"txn-recon serve: SQL on {jdbc}", flush=True)
-        print(f"txn-recon serve: HTTP on http://{settings.http}/ (/metrics, /healthz)", flush=True)
+        print(f"txn-recon serve: HTTP on http://{host_port(settings.http)[0]}:{http.server_address[1]}/ "
+              "(/metrics, /healthz)", flush=True)  # fmt: skip
         collector = None
         if namesrv:
             collector = Collector([a.strip() for a in namesrv.split(";") if a.strip()], landing, config.collect, stop)

@@ -40,17 +40,23 @@ def landing_for(n: int) -> tuple[Path, Path, dict[str, int]]:
     """landing/bench-N/{base,tail}, simulated and split once; the event counts of both parts."""
     root = ROOT / "landing" / f"bench-{n}"
     counts_file = root / "split.json"
-    if counts_file.exists():
-        return root / "base", root / "tail", json.loads(counts_file.read_text())
+    if not counts_file.exists():
+        split_landing(root, n + n // 100, TAIL_SHARE)
+    return root / "base", root / "tail", json.loads(counts_file.read_text())
+
+
+def split_landing(root: Path, transactions: int, tail_share: float) -> None:
+    """Simulate `transactions` as Parquet, split by event time into root/base and root/tail (the last
+    `tail_share` of events), and write the counts of both to root/split.json."""
     shutil.rmtree(root, ignore_errors=True)
     sim = root / "simulated"
     started = time.perf_counter()
-    subprocess.run([TXN_RECON, "simulate", "--out", str(sim), "--transactions", str(n + n // 100), "--format",
+    subprocess.run([TXN_RECON, "simulate", "--out", str(sim), "--transactions", str(transactions), "--format",
                     "parquet"], check=True, capture_output=True)  # fmt: skip
-    print(f"simulated {n + n // 100:,} transactions in {time.perf_counter() - started:.0f} s", flush=True)
+    print(f"simulated {transactions:,} transactions in {time.perf_counter() - started:.0f} s", flush=True)
     tables = {s: pq.read_table(sim / s) for s in TIME}
     times = pa.chunked_array([c for s, t in tables.items() for c in t.column(TIME[s]).chunks])
-    cut = pc.quantile(times, q=1 - TAIL_SHARE, interpolation="lower")[0].as_py()
+    cut = pc.quantile(times, q=1 - tail_share, interpolation="lower")[0].as_py()
     counts = {"base": 0, "tail": 0}
     for s, table in tables.items():
         late = pc.greater(table.column(TIME[s]), cut)
@@ -59,8 +65,7 @@ def landing_for(n: int) -> tuple[Path, Path, dict[str, int]]:
             pq.write_table(rows, root / part / s / "part-00000.parquet", row_group_size=250_000)
             counts[part] += rows.num_rows
     shutil.rmtree(sim)
-    counts_file.write_text(json.dumps(counts))
-    return root / "base", root / "tail", counts
+    (root / "split.json").write_text(json.dumps(counts))
 
 
 def stage(name: str, cmd: list[str], items: int, unit: str) -> dict[str, Any]:

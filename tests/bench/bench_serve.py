@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,11 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
-from tests.bench.bench_pipeline import ROOT, TIME
+from tests.bench.bench_pipeline import ROOT, TIME, split_landing
 from tests.bench.bench_reconcile import TXN_RECON, _hwm_kib, _tree, timed
 
 TAIL_SHARE = 0.001
@@ -37,25 +32,8 @@ CYCLE = re.compile(r"txn-recon serve: cycle (\d+) (\w+): inserted (\d+)(.*)")
 def landing_for(n: int) -> tuple[Path, Path]:
     """landing/bench-serve-N/{base,tail}, simulated and split once."""
     root = ROOT / "landing" / f"bench-serve-{n}"
-    if (root / "split.json").exists():
-        return root / "base", root / "tail"
-    shutil.rmtree(root, ignore_errors=True)
-    sim = root / "simulated"
-    total = n + n // 1000
-    subprocess.run([TXN_RECON, "simulate", "--out", str(sim), "--transactions", str(total), "--format", "parquet"],
-                   check=True, capture_output=True)  # fmt: skip
-    tables = {s: pq.read_table(sim / s) for s in TIME}
-    times = pa.chunked_array([c for s, t in tables.items() for c in t.column(TIME[s]).chunks])
-    cut = pc.quantile(times, q=1 - TAIL_SHARE, interpolation="lower")[0].as_py()
-    counts = {"base": 0, "tail": 0}
-    for s, table in tables.items():
-        late = pc.greater(table.column(TIME[s]), cut)
-        for part, rows in (("base", table.filter(pc.invert(late))), ("tail", table.filter(late))):
-            (root / part / s).mkdir(parents=True, exist_ok=True)
-            pq.write_table(rows, root / part / s / f"{part}.parquet", row_group_size=250_000)
-            counts[part] += rows.num_rows
-    shutil.rmtree(sim)
-    (root / "split.json").write_text(json.dumps(counts))
+    if not (root / "split.json").exists():
+        split_landing(root, n + n // 1000, TAIL_SHARE)
     return root / "base", root / "tail"
 
 
@@ -85,7 +63,7 @@ def main() -> int:
             landing, warehouse, log = Path(tmp) / "landing", Path(tmp) / "warehouse", Path(tmp) / "serve.log"
             for s in TIME:
                 (landing / s).mkdir(parents=True)
-                os.link(base / s / "base.parquet", landing / s / "base.parquet")
+                os.link(base / s / "part-00000.parquet", landing / s / "base.parquet")
             wh = ["--warehouse", str(warehouse)]
             ingest_s, _ = timed([TXN_RECON, "ingest", "--landing", str(landing), *wh])
             reconcile_s, _ = timed([TXN_RECON, "reconcile", *wh])
@@ -97,7 +75,7 @@ def main() -> int:
             peak = [0]
             warm = wait_for_cycle(log, 0, proc, peak)
             for s in TIME:
-                os.link(tail / s / "tail.parquet", landing / s / "tail.parquet")
+                os.link(tail / s / "part-00000.parquet", landing / s / "tail.parquet")
             new = wait_for_cycle(log, len(cycles(log)), proc, peak)
             while int(new[3]) == 0:  # a cycle that had begun before the tail landed
                 new = wait_for_cycle(log, int(new[1]), proc, peak)
