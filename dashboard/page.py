@@ -96,11 +96,16 @@ def render(data: dict[str, Any]) -> str:
                           total=data.get("handoffs_total"))
                  + _table("jumps", data.get("jumps", []), title="Offset jumps (messages skipped)",
                           total=data.get("jumps_total"))
+                 + _table("undelivered", data.get("undelivered", []),
+                          title=f"Undelivered: {data.get('undelivered_messages', 0):,} messages a tag filter refused",
+                          total=data.get("undelivered_total"))
                  + _table("ownership", data.get("ownership", []), title="Queue ownership over time",
                           total=data.get("ownership_total")),
                  "From `txn-recon collect`'s snapshots of each group (or the model's). A stranded queue has "
                  "messages waiting that no subscribing member holds; a hand-off's estimate counts what the old "
-                 "holder had consumed but not committed when it was last seen."),
+                 "holder had consumed but not committed when it was last seen; an undelivered message was wanted by "
+                 "a member, passed by the committed offset, and refused by the broker's kept expression or the "
+                 "holder's own."),
         _section("Data quality: latest result of every expectation", "quality",
                  _table("dq-latest", data["dq_latest"], fail_col="success")),
         _section("Run history", "runs",

@@ -139,7 +139,8 @@ def _anomaly_tables(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
 
 
 def _group_findings(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
-    """The consumer-group findings: conflicts, stranded queues, expected duplicates at hand-offs, jumps."""
+    """The consumer-group findings: conflicts, stranded queues, expected duplicates at hand-offs, jumps,
+    messages a tag filter kept from the group."""
     kind, latest = F.col("anomaly_type"), (F.desc("event_ts"), "anomaly_id")
     by_type: dict[str, tuple[str, list[str | Column]]] = {
         "conflicts": ("SUBSCRIPTION_CONFLICT", ["consumer_group", "broker_name", "event_ts", _detail("until"),
@@ -152,6 +153,9 @@ def _group_findings(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
                                                _detail("old_holder_gone")]),
         "jumps": ("OFFSET_JUMP", ["consumer_group", "topic", "queue_id", "broker_name", "event_ts",
                                   _detail("from_offset"), _detail("to_offset"), _detail("skipped")]),
+        "undelivered": ("UNDELIVERED", ["consumer_group", "topic", "queue_id", "broker_name", "event_ts",
+                                        _detail("until"), _detail("messages"), _detail("exact"),
+                                        _detail("refused_by"), _detail("filters")]),
     }  # fmt: skip
     out: dict[str, Any] = {}
     for name, (anomaly_type, columns) in by_type.items():
@@ -159,7 +163,10 @@ def _group_findings(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
         out[name] = _rows(found.orderBy(*latest), [*columns, "anomaly_id"], ROWS)
         out[f"{name}_total"] = counts.get(anomaly_type, 0)
     estimate = F.get_json_object("detail", "$.duplicates_estimate").cast("long")
-    out["expected_duplicates"] = keyed.where(kind == "REDELIVERY_AT_HANDOFF").agg(F.sum(estimate)).collect()[0][0] or 0
+    lost = F.get_json_object("detail", "$.messages").cast("long")
+    duplicates, undelivered = keyed.agg(F.sum(F.when(kind == "REDELIVERY_AT_HANDOFF", estimate)),
+                                        F.sum(F.when(kind == "UNDELIVERED", lost))).collect()[0]  # fmt: skip
+    out["expected_duplicates"], out["undelivered_messages"] = duplicates or 0, undelivered or 0
     return out
 
 

@@ -32,6 +32,9 @@ class Metrics:
         r = self.registry = CollectorRegistry()
         self.findings = Gauge("txn_recon_findings", "Findings in the anomalies table, by type and consumer group "
                               "(group empty: a transaction's)", ["type", "group"], registry=r)  # fmt: skip
+        self.undelivered = Gauge("txn_recon_undelivered_messages", "Messages a group wanted that its committed "
+                                 "offset passed while a tag filter refused them (UNDELIVERED)", ["group"],
+                                 registry=r)  # fmt: skip
         self.stuck = Gauge("txn_recon_pending_transactions", "Transactions still pending at the data time, at least "
                            "this old", ["older_than"], registry=r)  # fmt: skip
         self.check_backlog = Gauge("txn_recon_check_backlog", "Half messages the broker's check service has not "
@@ -66,10 +69,15 @@ class Metrics:
                 log.warning("metrics: could not read the tables (%s)", e)
 
     def _read_tables(self, spark: SparkSession, config: Config) -> None:
-        findings = spark.table(config.table("anomalies")).groupBy("anomaly_type", "consumer_group").count().collect()
+        lost = F.when(F.col("anomaly_type") == "UNDELIVERED", F.get_json_object("detail", "$.messages").cast("long"))
+        findings = (spark.table(config.table("anomalies")).groupBy("anomaly_type", "consumer_group")
+                    .agg(F.count(F.lit(1)).alias("count"), F.sum(lost).alias("lost")).collect())  # fmt: skip
         self.findings.clear()
+        self.undelivered.clear()
         for r in findings:
             self.findings.labels(r["anomaly_type"], r["consumer_group"] or "").set(r["count"])
+            if r["lost"] is not None:
+                self.undelivered.labels(r["consumer_group"]).set(r["lost"])
         [run] = spark.table(config.table("reconcile_runs")).orderBy(F.desc("finished_at")).limit(1).collect()
         as_of = int(run["as_of"])
         self.as_of.set(as_of / 1000)

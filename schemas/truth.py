@@ -32,6 +32,7 @@ KEY_FIELDS = {
     "OFFSET_REGRESSION": (*QUEUE_KEY, "seq"),
     "OFFSET_JUMP": (*QUEUE_KEY, "seq"),
     "STRANDED_QUEUE": QUEUE_KEY,
+    "UNDELIVERED": QUEUE_KEY,
     "REDELIVERY_AT_HANDOFF": (*QUEUE_KEY, "old_holder"),
     "SUBSCRIPTION_CONFLICT": ("broker_name", "consumer_group", "event_ts"),
 }

@@ -15,14 +15,14 @@ from pyspark.sql import DataFrame, SparkSession
 from schemas.landing import CONSUMER
 from schemas.spark import to_struct
 from transforms.anomalies import offset_commits
-from transforms.consumers import offset_jumps, redeliveries, stranded_queues, subscription_conflicts
+from transforms.consumers import offset_jumps, redeliveries, stranded_queues, subscription_conflicts, undelivered
 
 pytestmark = pytest.mark.spark
 T = 1_000_000
 AS_OF = T + 1_000_000
 OFFSET = ("broker_name string, consumer_group string, topic string, queue_id int, offset long, "
           "commit_timestamp long, client_id string, seq long")  # fmt: skip
-REAL = "broker_name string, topic string, queue_id int, queue_offset long, store_timestamp long"
+REAL = "broker_name string, topic string, queue_id int, queue_offset long, store_timestamp long, tags string"
 
 
 def sub(k: int, client: str | None, topic: str, expression: str = "*", broker: str | None = None) -> tuple[Any, ...]:
@@ -34,12 +34,14 @@ def held(k: int, client: str, topic: str, queue_id: int, offset: int) -> tuple[A
     return (T + 10_000 * k, "g", "queue", client, topic, None, "b", queue_id, offset)
 
 
-def frames(spark: SparkSession, snapshot: list[Any], commits: list[Any], stored: dict[tuple[str, int], int]
-           ) -> tuple[DataFrame, DataFrame, DataFrame]:  # fmt: skip
-    """Snapshot rows; commits (topic, queue, offset, time, client, seq); messages 0..n-1 per queue, stored at T."""
+def frames(spark: SparkSession, snapshot: list[Any], commits: list[Any], stored: dict[tuple[str, int], int],
+           tags: tuple[str | None, ...] = ("TagA", "TagB")) -> tuple[DataFrame, DataFrame, DataFrame]:  # fmt: skip
+    """Snapshot rows; commits (topic, queue, offset, time, client, seq); messages 0..n-1 per queue, stored at T,
+    tagged in turn with `tags` (offset o has tags[o % len(tags)])."""
     cons = spark.createDataFrame(snapshot, to_struct(CONSUMER))
     offsets = spark.createDataFrame([("b", "g", *c) for c in commits], OFFSET)
-    real = spark.createDataFrame([("b", t, q, o, T) for (t, q), n in stored.items() for o in range(n)], REAL)
+    real = spark.createDataFrame([("b", t, q, o, T, tags[o % len(tags)]) for (t, q), n in stored.items()
+                                  for o in range(n)], REAL)  # fmt: skip
     return cons, offset_commits(offsets), real
 
 
@@ -61,6 +63,7 @@ def test_members_that_agree_raise_nothing(spark: SparkSession) -> None:
     assert found(subscription_conflicts(cons, AS_OF)) == []
     assert found(stranded_queues(cons, commits_df, real, AS_OF, 60_000)) == []
     assert found(redeliveries(cons, commits_df, real, AS_OF)) == []
+    assert found(undelivered(cons, commits_df, real, AS_OF)) == []
 
 
 def test_a_conflict_is_one_finding_per_run_and_broker_with_the_table_the_broker_kept(spark: SparkSession) -> None:
@@ -141,3 +144,68 @@ def test_an_offset_jump_is_a_forward_commit_from_no_member(spark: SparkSession) 
     [(kind, topic, queue, event_ts, detail)] = found(offset_jumps(commits_df, AS_OF))
     assert (kind, topic, queue, event_ts) == ("OFFSET_JUMP", "t", 0, T + 1)
     assert detail == {"from_offset": 5, "to_offset": 40, "skipped": 35, "client_before": "A", "seq": 2}
+
+
+def tagged(k: int, a_holds: tuple[int, ...], b_holds: tuple[int, ...], table: str = "TagB") -> list[tuple[Any, ...]]:
+    """Member A subscribes t with TagA, B with TagB, and the broker keeps `table` for t (B's, the newest)."""
+    return [sub(k, "A", "t", "TagA"), sub(k, "B", "t", "TagB"), sub(k, None, "t", table, broker="b"),
+            *(held(k, "A", "t", q, 0) for q in a_holds), *(held(k, "B", "t", q, 0) for q in b_holds)]  # fmt: skip
+
+
+def test_messages_a_tag_filter_refused_are_undelivered_per_queue_and_run(spark: SparkSession) -> None:
+    """Six messages per queue, tagged A and B in turn, passed between snapshots 0 and 1. A's queue 0 loses all
+    six (the broker passes only B, A drops B); B's queue 1 loses the three A, which A wants; nothing is
+    passed between 1 and 2."""
+    rows = [r for k in range(3) for r in tagged(k, (0,), (1,))]
+    commits = [("t", 0, 6, T + 5_000, "A", 1), ("t", 1, 6, T + 5_000, "B", 2)]
+    cons, commits_df, real = frames(spark, rows, commits, {("t", 0): 6, ("t", 1): 6})
+    [(_, _, q0, since0, d0), (_, _, q1, since1, d1)] = found(undelivered(cons, commits_df, real, AS_OF))
+    both = {"exact": True, "cause": "TAG_FILTER", "since": T, "until": T + 10_000, "ongoing": False}
+    assert (q0, since0, q1, since1) == (0, T, 1, T)
+    assert d0 == {**both, "messages": 6, "at_most": 6, "first_offset": 0, "last_offset": 5,
+                  "refused_by": ["broker", "member"],
+                  "filters": [{"holder": "A", "member_expression": "TagA", "broker_expression": "TagB"}]}  # fmt: skip
+    assert d1 == {**both, "messages": 3, "at_most": 3, "first_offset": 0, "last_offset": 4, "refused_by": ["broker"],
+                  "filters": [{"holder": "B", "member_expression": "TagB", "broker_expression": "TagB"}]}  # fmt: skip
+
+
+def test_what_no_member_wants_or_every_filter_passes_is_not_undelivered(spark: SparkSession) -> None:
+    """Messages tagged C or untagged, which neither A nor B wants; then a table that passes both tags to members
+    that take both."""
+    rows = [r for k in range(2) for r in tagged(k, (0,), (1,))]
+    rows += [
+        r
+        for k in (2, 3)
+        for r in (
+            sub(k, "A", "t", "TagA || TagB"),
+            sub(k, "B", "t", "TagA||TagB"),
+            sub(k, None, "t", "TagB || TagA", broker="b"),
+            held(k, "A", "t", 0, 0),
+        )
+    ]
+    commits = [("t", 0, 4, T + 5_000, "A", 1), ("t", 1, 4, T + 5_000, "B", 2), ("t", 0, 8, T + 25_000, "A", 3)]
+    cons, commits_df, real = frames(spark, rows, commits, {("t", 0): 8, ("t", 1): 4}, tags=("TagC", None))
+    assert found(undelivered(cons, commits_df, real, AS_OF)) == []
+    _, commits_df, real = frames(spark, rows, commits, {("t", 0): 8, ("t", 1): 4})
+    assert [(q, d["since"]) for _, _, q, _, d in found(undelivered(cons, commits_df, real, AS_OF))] == [(0, T), (1, T)]
+
+
+def test_a_hand_off_between_snapshots_makes_the_count_a_bound(spark: SparkSession) -> None:
+    """Queue 0 moves from B to A between snapshots 0 and 1: whoever pulled, the three A messages were refused by
+    the broker (the table keeps B); the three B messages only if A pulled them."""
+    rows = tagged(0, (), (0,)) + tagged(1, (0,), ())
+    cons, commits_df, real = frames(spark, rows, [("t", 0, 6, T + 5_000, "A", 1)], {("t", 0): 6})
+    [(_, _, _, _, detail)] = found(undelivered(cons, commits_df, real, AS_OF))
+    assert (detail["messages"], detail["at_most"], detail["exact"], detail["ongoing"]) == (3, 6, False, True)
+    assert [f["holder"] for f in detail["filters"]] == ["A", "B"]
+
+
+def test_a_snapshot_the_offset_did_not_move_past_keeps_the_run_whole(spark: SparkSession) -> None:
+    """A holds queue 0 under the same refusing filters at four snapshots; the offset passes 2 messages, stands
+    still, then passes 4: one finding of 6."""
+    rows = [r for k in range(4) for r in tagged(k, (0,), ())]
+    commits = [("t", 0, 2, T + 5_000, "A", 1), ("t", 0, 6, T + 25_000, "A", 2)]
+    cons, commits_df, real = frames(spark, rows, commits, {("t", 0): 6})
+    [(_, _, _, since, detail)] = found(undelivered(cons, commits_df, real, AS_OF))
+    assert (since, detail["messages"], detail["first_offset"], detail["last_offset"]) == (T, 6, 0, 5)
+    assert (detail["until"], detail["ongoing"], detail["exact"]) == (T + 30_000, True, True)

@@ -1,6 +1,6 @@
 """Consumer groups on a real RocketMQ 5.3.3 broker, collected live, then ingested and reconciled.
 
-Two stories, one broker (check service idle):
+Three stories, one broker (check service idle):
 - The classic mistake: group CG_CONFLICT has a member on TopicA and a member on TopicB (Scenario.java
   `conflict`). The collector snapshots the group every 2 s while both run.
 - A member killed after consuming: CG_HANDOFF has a survivor that persists its offsets every second and
@@ -8,6 +8,9 @@ Two stories, one broker (check service idle):
   of a batch on each of its queues and stops pulling, so nothing commits them; the collector snapshots
   the group, and the victim gets SIGKILL. The survivor takes its queues over from the committed offset
   and consumes those messages again; a last snapshot shows the new holder.
+- Tags (Scenario.java `tags`, beside the conflict): in CG_TAGS member t1 subscribes TopicT with TagA and t2
+  with TagB; in CG_OK two members take `*`. The messages are sent after a first snapshot of both groups and
+  the last snapshot follows their commits past all of them.
 """
 
 from __future__ import annotations
@@ -36,9 +39,11 @@ from tests.test_ingest import fresh_db, ingest
 pytestmark = pytest.mark.spark
 STRANDED_AFTER_MS = 10_000
 CONFLICT_S = 30
+TAGGED = 240
 
 
 Counts = dict[str, dict[str, int]]  # the conflict's "sent" and "consumed" messages per "topic:queue"
+Records = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class Played:
     conflict: Counts
     consumed: list[dict[str, Any]]  # every message a CG_HANDOFF member consumed, in order
     members: dict[str, str]  # CG_HANDOFF member name -> client id
+    tags: Records  # what the tags story sent ("tagged": key, tag, queue) and received ("received": group, key)
     cfg: Config
 
 
@@ -70,7 +76,7 @@ def played(spark: SparkSession, config: Config, tmp_path_factory: pytest.TempPat
     with RocketMQ(root / "rmq", BrokerSettings(check_interval_ms=3_600_000)) as rmq:
         collector = Collector([rmq.namesrv], landing, config.collect)
         try:
-            conflict, consumed, members = _play(rmq, classes, collector, landing, home, procs)
+            conflict, consumed, members, tags = _play(rmq, classes, collector, landing, home, procs)
         finally:
             for p in procs:
                 p.kill()
@@ -83,15 +89,13 @@ def played(spark: SparkSession, config: Config, tmp_path_factory: pytest.TempPat
     tallies = ingest(spark, cfg, landing, "real-groups")
     assert all(t.quarantined == 0 for t in tallies.values()), tallies
     reconcile(spark, cfg)
-    yield Played(landing, broker_log, conflict, consumed, members, cfg)
-
-
-Records = list[dict[str, Any]]
+    yield Played(landing, broker_log, conflict, consumed, members, tags, cfg)
 
 
 def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, home: Path,
-          procs: list[subprocess.Popen[bytes]]) -> tuple[Counts, Records, dict[str, str]]:  # fmt: skip
-    """Both stories; what the conflict sent and consumed per queue, every CG_HANDOFF consumption, its client ids."""
+          procs: list[subprocess.Popen[bytes]]) -> tuple[Counts, Records, dict[str, str], Records]:  # fmt: skip
+    """The stories; what the conflict sent and consumed per queue, every CG_HANDOFF consumption, its client ids,
+    and the tags story's lines."""
     root = landing.parent
 
     def collect() -> None:
@@ -100,15 +104,32 @@ def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, hom
         write_runs(collector.folder, run_id, runs)
         assert all(r.status == "ok" and not r.errors for r in runs), [r.row(run_id) for r in runs]
 
+    # Tags: its groups settle while the conflict starts, are snapshotted, then get their messages.
+    tags = start_driver(classes, "tags", rmq.namesrv, root / "tags.jsonl", str(TAGGED), home=home, name="tags")
+    procs.append(tags)
     # The conflict: collect while both members run (the phase ends after CONFLICT_S).
     conflict = start_driver(classes, "conflict", rmq.namesrv, root / "conflict.jsonl", str(CONFLICT_S),
                             home=home, name="conflict")  # fmt: skip
     procs.append(conflict)
     started = time.monotonic()
+    sent = False
     while time.monotonic() - started < CONFLICT_S - 5:
+        ready = any(r["kind"] == "ready" for r in _lines(root / "tags.jsonl"))
         collect()
+        if ready and not sent:
+            _tell(tags, "send")
+            sent = True
         time.sleep(2)
     assert conflict.wait(60) == 0
+    if not sent:
+        wait_for(lambda: any(r["kind"] == "ready" for r in _lines(root / "tags.jsonl")), "the tags story's groups")
+        collect()
+        _tell(tags, "send")
+    wait_for(lambda: any(r["kind"] == "tags_done" for r in _lines(root / "tags.jsonl")), "both groups to commit")
+    collect()
+    assert tags.stdin is not None
+    tags.stdin.close()
+    assert tags.wait(60) == 0
     # The hand-off: the topic exists (one message per queue) before the members start.
     out = {name: root / f"{name}.jsonl" for name in ("victim", "survivor")}
     run_driver(classes, "send", rmq.namesrv, root / "sent.jsonl", "TopicH", "4", home=home, timeout_s=60)
@@ -139,7 +160,8 @@ def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, hom
     members = {r["member"]: r["client_id"] for n in out for r in _lines(out[n]) if r["kind"] == "member"}
     consumed = [r for n in out for r in _lines(out[n]) if r["kind"] == "consumed"]
     [conflict_line] = [r for r in _lines(root / "conflict.jsonl") if r["kind"] == "conflict"]
-    return {k: conflict_line[k] for k in ("sent", "consumed")}, consumed, members
+    tagged = [r for r in _lines(root / "tags.jsonl") if r["kind"] in ("tagged", "received")]
+    return {k: conflict_line[k] for k in ("sent", "consumed")}, consumed, members, tagged
 
 
 def _found(spark: SparkSession, played: Played, kind: str, group: str) -> list[dict[str, Any]]:
@@ -187,3 +209,22 @@ def test_a_killed_member_is_a_hand_off_whose_duplicates_the_estimate_counts(spar
     twice = {r["queue_id"] for r in played.consumed if seen[r["key"]] > 1}
     assert twice == {h["queue_id"] for h in handoffs}
     assert not _found(spark, played, "REDELIVERY_AT_HANDOFF", "CG_CONFLICT")
+
+
+def test_messages_a_tag_filter_refused_are_undelivered_exactly_per_queue(spark: SparkSession, played: Played) -> None:
+    """t1 wants TagA and t2 TagB, so CG_TAGS wants every message; the broker filters each pull by the one
+    expression it kept and each member again by its own. What no member received is lost, per queue."""
+    sent = [r for r in played.tags if r["kind"] == "tagged"]
+    assert len(sent) == TAGGED
+    received = {g: {r["key"] for r in played.tags if r["kind"] == "received" and r["group"] == g}
+                for g in ("CG_TAGS", "CG_OK")}  # fmt: skip
+    assert received["CG_OK"] >= {r["key"] for r in sent}  # every member takes *: nothing lost there
+    assert not _found(spark, played, "UNDELIVERED", "CG_OK")
+    lost = Counter(r["queue_id"] for r in sent if r["key"] not in received["CG_TAGS"])
+    found = _found(spark, played, "UNDELIVERED", "CG_TAGS")
+    print("tags: lost per queue", dict(lost), "found", {u["queue_id"]: u["detail"] for u in found})
+    assert sum(lost.values()) > 0
+    assert sorted((u["queue_id"], u["detail"]["messages"]) for u in found) == sorted(lost.items())  # one a queue
+    assert all(u["detail"]["exact"] and u["detail"]["cause"] == "TAG_FILTER" for u in found)
+    expressions = {(f["member_expression"], f["broker_expression"]) for u in found for f in u["detail"]["filters"]}
+    assert {m for m, _ in expressions} <= {"TagA", "TagB"} and len({b for _, b in expressions}) == 1

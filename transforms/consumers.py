@@ -1,5 +1,5 @@
-"""The consumer-group rules of DESIGN §2: SUBSCRIPTION_CONFLICT, STRANDED_QUEUE, REDELIVERY_AT_HANDOFF and
-OFFSET_JUMP. Pure DataFrame -> DataFrame.
+"""The consumer-group rules of DESIGN §2: SUBSCRIPTION_CONFLICT, STRANDED_QUEUE, REDELIVERY_AT_HANDOFF,
+OFFSET_JUMP and UNDELIVERED. Pure DataFrame -> DataFrame.
 
 The first three read the `consumer` snapshots (each group's members, their subscriptions and held
 queues with in-memory offsets, and each broker's subscription table), the group's committed offsets
@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from transforms.anomalies import detail_json
 
-GROUP_TYPES = ("SUBSCRIPTION_CONFLICT", "STRANDED_QUEUE", "REDELIVERY_AT_HANDOFF", "OFFSET_JUMP")
+GROUP_TYPES = ("SUBSCRIPTION_CONFLICT", "STRANDED_QUEUE", "REDELIVERY_AT_HANDOFF", "OFFSET_JUMP", "UNDELIVERED")
 QUEUE = ["broker_name", "topic", "queue_id"]
 SNAP = ["consumer_group", "snapshot_ts"]
 
@@ -220,6 +220,123 @@ def offset_jumps(offset_commits_df: DataFrame, as_of: int) -> DataFrame:
     return jumps.select(*_anomaly("OFFSET_JUMP", key, "commit_timestamp", detail, as_of))
 
 
+def _tags(expression: Column) -> Column:
+    return F.transform(F.split(F.coalesce(expression, F.lit("*")), r"\|\|"), lambda t: F.trim(t))
+
+
+def takes_all(expression: Column) -> Column:
+    """Whether a tag expression lets every message through: `*`, or none."""
+    return F.array_contains(_tags(expression), "*")
+
+
+def tag_matches(expression: Column, tag: Column) -> Column:
+    """RocketMQ's tag filter: `*` (or no expression) takes every message, `A || B` those tagged A or B; a
+    message without a tag only `*` (FilterAPI.buildSubscriptionData, PullAPIWrapper.processPullResult)."""
+    return takes_all(expression) | F.coalesce(F.array_contains(_tags(expression), tag), F.lit(False))
+
+
+def filters(consumer_df: DataFrame) -> DataFrame:
+    """(consumer_group, snapshot_ts, queue, holder, member_expression, broker_expression, wanted): the two
+    filters a pull of each held queue passes at a snapshot (the broker's table for the topic, then the
+    holder's own expression) and every member's expression for the topic (`wanted`). A queue whose topic
+    the table lacks has no row: the broker refuses its pulls, so its offset cannot pass anything."""
+    subs = consumer_df.where(F.col("kind") == "subscription")
+    own = subs.where(F.col("client_id").isNotNull()).select(*SNAP, "client_id", "topic", "expression")
+    wanted = own.groupBy(*SNAP, "topic").agg(F.sort_array(F.collect_set(F.coalesce("expression", F.lit("*"))))
+                                             .alias("wanted"))  # fmt: skip
+    table = subs.where(F.col("client_id").isNull()).select(*SNAP, "broker_name", "topic",
+                                                           F.col("expression").alias("broker_expression"))  # fmt: skip
+    return (
+        holders(consumer_df).join(own, on=[*SNAP, "client_id", "topic"])
+        .join(table, on=[*SNAP, "broker_name", "topic"]).join(wanted, on=[*SNAP, "topic"])
+        .select(*SNAP, *QUEUE, F.col("client_id").alias("holder"), F.col("expression").alias("member_expression"),
+                "broker_expression", "wanted")
+    )  # fmt: skip
+
+
+def undelivered(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int) -> DataFrame:
+    """UNDELIVERED: between two consecutive snapshots of a group, the messages of a queue that the committed
+    offset passed, that some member's expression wants, and that the broker's table or the holder's own
+    expression refused (cause TAG_FILTER). One finding per queue and run of consecutive snapshots in which a
+    filter of the queue could refuse a message, if it did; the event is the first snapshot before a loss.
+
+    The filters that applied in between are the ones both snapshots show; `exact` says they agree. When
+    they differ (a hand-off, a new table) `messages` counts what every candidate refuses and `at_most`
+    what any refuses. Detail: messages, at_most, exact, first and last offset, refused_by (broker, member),
+    the filters (holder and both expressions), since, until, ongoing. Messages passed before a group's
+    first snapshot are not judged: nothing shows the filters then."""
+    candidates = filters(consumer_df)
+    can_refuse = ~(takes_all(F.col("member_expression")) & takes_all(F.col("broker_expression")))
+    snaps = snapshots(consumer_df).where(F.col("next_ts").isNotNull())
+    config = F.struct("holder", "member_expression", "broker_expression", "wanted")
+    at = candidates.select(*SNAP, *QUEUE, config.alias("config"), can_refuse.alias("can_refuse"))
+    windows = (
+        snaps.join(at, on=SNAP).select("consumer_group", "snapshot_ts", "k", "latest", *QUEUE, "config", "can_refuse",
+                                       F.lit(0).alias("side"))
+        .unionByName(snaps.join(at.withColumnRenamed("snapshot_ts", "next_ts"), on=["consumer_group", "next_ts"])
+                     .select("consumer_group", "snapshot_ts", "k", "latest", *QUEUE, "config", "can_refuse",
+                             F.lit(1).alias("side")))
+        .groupBy("consumer_group", "snapshot_ts", "k", "latest", *QUEUE)
+        .agg(F.collect_set("config").alias("configs"), F.max("can_refuse").alias("can_refuse"),
+             F.countDistinct("side").alias("sides"))
+        .where("can_refuse")
+        .join(snaps.select(*SNAP, "next_ts"), on=SNAP)
+    )  # fmt: skip
+    start = queue_state(windows, offset_commits_df, real_df).select(*SNAP, *QUEUE, F.col("committed").alias("c0"))
+    end = queue_state(windows.select("consumer_group", F.col("next_ts").alias("snapshot_ts"), *QUEUE).distinct(),
+                      offset_commits_df, real_df).select("consumer_group", F.col("snapshot_ts").alias("next_ts"),
+                                                         *QUEUE, F.col("committed").alias("c1"))  # fmt: skip
+    passed = (
+        windows.join(start, on=[*SNAP, *QUEUE])
+        .join(end, on=["consumer_group", "next_ts", *QUEUE])
+        .where(F.col("c1") > F.col("c0"))
+    )
+    messages = real_df.select(*QUEUE, "queue_offset", "tags")
+    in_window = (F.col("queue_offset") >= F.col("c0")) & (F.col("queue_offset") < F.col("c1"))
+    judged = F.transform("configs", lambda c: F.struct(
+        F.exists(c["wanted"], lambda e: tag_matches(e, F.col("tags"))).alias("wanted"),
+        tag_matches(c["broker_expression"], F.col("tags")).alias("broker"),
+        tag_matches(c["member_expression"], F.col("tags")).alias("member")))  # fmt: skip
+    lost = F.filter("_judged", lambda j: j["wanted"] & ~(j["broker"] & j["member"]))
+    per_message = (
+        F.broadcast(passed).join(messages, on=QUEUE).where(in_window)
+        .withColumn("_judged", judged)
+        .withColumn("_lost", F.size(lost))
+        .where(F.col("_lost") > 0)
+        .withColumn("_every", F.col("_lost") == F.size("_judged"))
+        .withColumn("_refused_by", F.transform(lost, lambda j: F.when(~j["broker"], "broker").otherwise("member")))
+    )  # fmt: skip
+    per_window = (
+        per_message.groupBy("consumer_group", "snapshot_ts", "next_ts", "k", "latest", *QUEUE)
+        .agg(
+            F.sum(F.col("_every").cast("int")).alias("messages"),
+            F.count(F.lit(1)).alias("at_most"),
+            F.min(F.when(F.col("_every"), F.col("queue_offset"))).alias("first_offset"),
+            F.max(F.when(F.col("_every"), F.col("queue_offset"))).alias("last_offset"),
+            F.array_distinct(F.flatten(F.collect_list("_refused_by"))).alias("refused_by"),
+            F.first("configs").alias("configs"),
+            F.first("sides").alias("sides"),
+        )
+        .where(F.col("messages") > 0)
+    )
+    exact = (F.col("sides") == 2) & (F.size("configs") == 1)
+    runs = islands(windows.select("consumer_group", *QUEUE, "k"), ["consumer_group", *QUEUE])
+    lossy = per_window.withColumn("exact", exact).join(runs, on=["consumer_group", *QUEUE, "k"])
+    found = lossy.groupBy("consumer_group", *QUEUE, "island").agg(
+        F.min("snapshot_ts").alias("since"), F.max("next_ts").alias("until"), F.max("latest").alias("latest"),
+        F.sum("messages").alias("messages"), F.sum("at_most").alias("at_most"),
+        F.min(F.col("exact").cast("int")).cast("boolean").alias("exact"),
+        F.min("first_offset").alias("first_offset"), F.max("last_offset").alias("last_offset"),
+        F.sort_array(F.array_distinct(F.flatten(F.collect_list("refused_by")))).alias("refused_by"),
+        F.sort_array(F.array_distinct(F.flatten(F.collect_list(F.transform("configs", lambda c: c.dropFields(
+            "wanted")))))).alias("filters"),
+    )  # fmt: skip
+    ongoing = (F.col("until") == F.col("latest")).alias("ongoing")
+    detail = F.struct("messages", "at_most", "exact", "first_offset", "last_offset", F.lit("TAG_FILTER").alias("cause"),
+                      "refused_by", "filters", "since", "until", ongoing)  # fmt: skip
+    return found.select(*_anomaly("UNDELIVERED", [*QUEUE, "consumer_group", "since"], "since", detail, as_of))
+
+
 def group_anomalies(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int,
                     stranded_after_ms: int) -> DataFrame:  # fmt: skip
     """Every consumer-group finding, recomputed whole on each run (snapshots are small)."""
@@ -228,4 +345,5 @@ def group_anomalies(consumer_df: DataFrame, offset_commits_df: DataFrame, real_d
         .unionByName(stranded_queues(consumer_df, offset_commits_df, real_df, as_of, stranded_after_ms))
         .unionByName(redeliveries(consumer_df, offset_commits_df, real_df, as_of))
         .unionByName(offset_jumps(offset_commits_df, as_of))
+        .unionByName(undelivered(consumer_df, offset_commits_df, real_df, as_of))
     )

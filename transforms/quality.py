@@ -93,12 +93,17 @@ def lifecycle_totals(
     return rows.withColumn("problem", F.when(F.col("bronze") != F.col("silver"), problem))
 
 
-GROUP_COUNTS = {"STRANDED_QUEUE": "lag", "REDELIVERY_AT_HANDOFF": "duplicates_estimate", "OFFSET_JUMP": "skipped"}
+GROUP_COUNTS = {
+    "STRANDED_QUEUE": "lag",
+    "REDELIVERY_AT_HANDOFF": "duplicates_estimate",
+    "OFFSET_JUMP": "skipped",
+    "UNDELIVERED": "messages",
+}
 
 
 def group_findings(anomalies_df: DataFrame) -> DataFrame:
     """One row per consumer-group finding; a problem when it lacks its group, or (a queue finding) its queue,
-    or its count (lag, duplicates estimate, messages skipped) is not positive."""
+    or its count (lag, duplicates estimate, messages skipped or undelivered) is not positive."""
     found = anomalies_df.where(F.col("anomaly_type").isin("SUBSCRIPTION_CONFLICT", *GROUP_COUNTS))
     count = F.coalesce(*[F.when(F.col("anomaly_type") == t, F.get_json_object("detail", f"$.{c}").cast("long"))
                          for t, c in GROUP_COUNTS.items()])  # fmt: skip

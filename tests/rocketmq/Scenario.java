@@ -56,6 +56,12 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  *                                                                pulling at the next message it consumes
  * java Scenario send  NAMESRV OUT TOPIC COUNT [batched]         COUNT plain messages to TOPIC, keys TOPIC-n; batched:
  *                                                                one batch per queue, stored at once
+ * java Scenario tags  NAMESRV OUT COUNT                         TopicT read by CG_TAGS (member t1 with TagA, t2
+ *                                                                with TagB 1.5 s later) and CG_OK (two with *);
+ *                                                                "ready" once they run; "send" on stdin: COUNT
+ *                                                                messages tagged TagA and TagB in turn, then every
+ *                                                                message sent and received once both groups have
+ *                                                                committed past all; ends when stdin closes
  * </pre>
  *
  * With -Dacl.accessKey=... -Dacl.secretKey=... every client signs its requests (AclClientRPCHook).
@@ -318,13 +324,17 @@ public final class Scenario {
      *  Asked of the broker itself (GET_CONSUME_STATS): the route-based overload first sends GET_TOPIC_CONFIG,
      *  which a 4.x broker does not know ("request type 351 not supported"). */
     static void awaitDrained(String namesrv, long timeoutMs) throws Exception {
+        awaitDrained(namesrv, GROUP, TOPIC, timeoutMs);
+    }
+
+    static void awaitDrained(String namesrv, String group, String topic, long timeoutMs) throws Exception {
         DefaultMQAdminExt admin = admin(namesrv);
         String brokerAddr = admin.examineBrokerClusterInfo().getBrokerAddrTable().values().iterator().next()
             .getBrokerAddrs().get(0L);
         long deadline = System.currentTimeMillis() + timeoutMs;
-        while (admin.examineConsumeStats(brokerAddr, GROUP, TOPIC, 3000).computeTotalDiff() > 0) {
+        while (admin.examineConsumeStats(brokerAddr, group, topic, 3000).computeTotalDiff() > 0) {
             if (System.currentTimeMillis() > deadline) {
-                throw new IOException(GROUP + " had not consumed all of " + TOPIC + " after " + timeoutMs + " ms");
+                throw new IOException(group + " had not consumed all of " + topic + " after " + timeoutMs + " ms");
             }
             Thread.sleep(200);
         }
@@ -450,6 +460,71 @@ public final class Scenario {
         }
     }
 
+    static void tags(String namesrv, PrintWriter out, int count) throws Exception {
+        DefaultMQProducer p = new DefaultMQProducer("PG_TAGS", aclHook());
+        p.setNamesrvAddr(namesrv);
+        p.setInstanceName("tags");
+        p.start();
+        for (int i = 0; i < 4; i++) {  // the topic exists before the members subscribe; nobody's tag
+            p.send(new Message("TopicT", "seed", "T-seed-" + i, new byte[10]));
+        }
+        List<String> received = java.util.Collections.synchronizedList(new ArrayList<>());
+        List<DefaultMQPushConsumer> members = new ArrayList<>();
+        String[][] plan = {{"CG_TAGS", "t1", "TagA"}, {"CG_TAGS", "t2", "TagB"}, {"CG_OK", "ok1", "*"},
+                           {"CG_OK", "ok2", "*"}};
+        for (String[] m : plan) {
+            DefaultMQPushConsumer c = new DefaultMQPushConsumer(m[0], aclHook());
+            c.setNamesrvAddr(namesrv);
+            c.setInstanceName(m[1]);
+            c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+            c.subscribe("TopicT", m[2]);
+            c.registerMessageListener((MessageListenerConcurrently) (msgs, ctx) -> {
+                for (MessageExt x : msgs) {
+                    received.add("{\"kind\":\"received\",\"group\":\"" + m[0] + "\",\"member\":\"" + m[1]
+                        + "\",\"key\":\"" + x.getKeys() + "\",\"queue_id\":" + x.getQueueId() + "}");
+                }
+                return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+            });
+            c.start();
+            members.add(c);
+            Thread.sleep(1500);  // each subscription newer than the last: the broker keeps the newest
+        }
+        Thread.sleep(5000);  // the rebalances that follow each join
+        synchronized (out) {
+            out.println("{\"kind\":\"ready\"}");
+            out.flush();
+        }
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        if (!"send".equals(in.readLine())) {
+            throw new IOException("expected send");
+        }
+        List<String> sent = new ArrayList<>();
+        for (int i = 0; i < count; i++) {
+            String tag = i % 2 == 0 ? "TagA" : "TagB";
+            SendResult r = p.send(new Message("TopicT", tag, "T-" + i, new byte[10]));
+            sent.add("{\"kind\":\"tagged\",\"key\":\"T-" + i + "\",\"tag\":\"" + tag + "\",\"queue_id\":"
+                + r.getMessageQueue().getQueueId() + "}");
+        }
+        for (String group : new String[] {"CG_TAGS", "CG_OK"}) {
+            awaitDrained(namesrv, group, "TopicT", 60_000);
+        }
+        synchronized (out) {
+            sent.forEach(out::println);
+            synchronized (received) {
+                received.forEach(out::println);
+            }
+            out.println("{\"kind\":\"tags_done\"}");
+            out.flush();
+        }
+        while (in.readLine() != null) {
+            // until the test has taken its last snapshot
+        }
+        for (DefaultMQPushConsumer c : members) {
+            c.shutdown();
+        }
+        p.shutdown();
+    }
+
     static void sendPlain(String namesrv, PrintWriter out, String topic, int count, boolean batched) throws Exception {
         DefaultMQProducer p = new DefaultMQProducer("PG_" + topic, aclHook());
         p.setNamesrvAddr(namesrv);
@@ -537,6 +612,9 @@ public final class Scenario {
                     break;
                 case "member":
                     member(args[1], out, args[3], args[4], args[5], Integer.parseInt(args[6]));
+                    break;
+                case "tags":
+                    tags(args[1], out, Integer.parseInt(args[3]));
                     break;
                 case "send":
                     sendPlain(args[1], out, args[3], Integer.parseInt(args[4]), args.length > 5);
