@@ -33,6 +33,7 @@ class Profile:
     plain_ratio: float = 0.1  # extra non-transactional messages per transaction
     immunity_ratio: float = 0.0  # transactions sent with CHECK_IMMUNITY_TIME_IN_SECONDS
     slow_consume_ratio: float = 0.001  # messages whose processing pins the committed offset
+    poison_ratio: float = 0.0  # messages a consumer group fails every time: retried, then dead-lettered
     drain_ms: int = 120_000  # virtual time the run goes on after the last send
     # Producer faults (per transaction).
     producer_crash: float = 0.0  # the sending instance dies right after its half is stored; back in 3-10 s
@@ -93,6 +94,7 @@ PROFILES: dict[str, Profile] = {
         Profile(
             "chaos",
             drain_ms=360_000,
+            poison_ratio=0.02,
             immunity_ratio=0.05,
             slow_consume_ratio=0.01,
             producer_crash=0.001,

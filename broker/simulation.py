@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from broker.groups import SNAPSHOT_MS, GroupWatch, Member
 from broker.profiles import BrokerSettings, Profile
 from broker.rebalance import allocate
+from broker.retries import SendBack
 from broker.state import BrokerState, Consumer, HalfEntry, Producer, Txn
 from broker.topology import (
     BROKERS,
@@ -140,6 +141,13 @@ class Simulation:
         self.moved: dict[tuple[str, MQ], tuple[str, int]] = {}  # a queue's last holder and its memory offset
         self.watch = GroupWatch(lambda rec, ts: self._emit("consumer", rec, ts), self._truth_anomaly,
                                 thresholds.stranded_after_ms)  # fmt: skip
+        self.sendback = SendBack(
+            profile.poison_ratio,
+            lambda t, fn, arg: self.at(t, P_STORE, fn, arg),
+            self._phys_if_up,
+            lambda rec, ts: self._emit("copy", rec, ts),
+            self._truth_anomaly,
+        )
         # Cumulative thresholds for the mutually exclusive producer-side faults of one transaction.
         p = profile
         self.fault_cuts = list(itertools.accumulate(
@@ -333,6 +341,9 @@ class Simulation:
         b.phys += size
         return phys
 
+    def _phys_if_up(self, name: str, size: int) -> int | None:
+        return self._phys(self.brokers[name], size) if self.brokers[name].up else None
+
     def _emit(self, stream: str, rec: tuple[Any, ...], ts: int) -> None:
         self.sink.record(stream, rec)
         self.summary.records[stream] += 1
@@ -387,6 +398,7 @@ class Simulation:
                 prepared_phys, txn.group, _transaction_id(b, txn), txn.tags, txn.keys, txn.body_size, 0,
             )  # fmt: skip
         self._emit("real", rec, self.now)
+        self.sendback.stored(rec)
 
     def _end_transaction(self, arg: tuple[Txn, HalfEntry, str, bool]) -> None:
         """EndTransactionProcessor (reference §1.4): no idempotency check; commit = final, then op."""
@@ -707,6 +719,7 @@ class Simulation:
                 target = slow
             if target > mem:  # increase-only update of the memory offset (§3.2)
                 c.memory[mq] = target
+                self.sendback.consumed(self.now, c.group, mq, mem, target)
 
     def _commit_offset(self, c: Consumer | None, mq: MQ, offset: int, delay: int = NET_MS) -> None:
         client = c.client_id if c is not None else None

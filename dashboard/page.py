@@ -96,6 +96,9 @@ def render(data: dict[str, Any]) -> str:
                           total=data.get("handoffs_total"))
                  + _table("jumps", data.get("jumps", []), title="Offset jumps (messages skipped)",
                           total=data.get("jumps_total"))
+                 + _table("dead_letters", data.get("dead_letters", []),
+                          title="Dead-lettered: messages a group failed until the broker parked them",
+                          total=data.get("dead_letters_total"))
                  + _table("undelivered", data.get("undelivered", []),
                           title=f"Undelivered: {data.get('undelivered_messages', 0):,} messages a tag filter refused",
                           total=data.get("undelivered_total"))

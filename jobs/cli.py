@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -87,6 +88,9 @@ def configure_logging(debug: bool = False) -> None:
         logging.getLogger(name).setLevel(logging.INFO)
     for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger", "py4j"):
         logging.getLogger(name).setLevel(logging.NOTSET if debug else logging.CRITICAL + 1)
+    if not debug:  # py4j also logs some of those tracebacks through the root logger (`logging.exception`)
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(lambda record: f"{os.sep}py4j{os.sep}" not in record.pathname)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -46,6 +46,7 @@ from sources.records import (
     ROCKSDB_OP_TOPIC,
     half_log_offset,
     is_business_topic,
+    is_copy_topic,
     rocksdb_op_record,
     stream_of,
 )
@@ -216,9 +217,10 @@ class Collector:
         run.finished_at = _now()
         if run.status == "failed":
             return run
-        log.info("collect %s: half %d, op %d, real %d (discarded %d), offset records %d, check backlog %s, "
-                 "op backlog %s%s", broker, run.records["half"], run.records["op"], run.records["real"],
-                 run.messages[DISCARD_TOPIC], run.offset_records, _opt(run.check_backlog), _opt(run.op_backlog),
+        log.info("collect %s: half %d, op %d, real %d (discarded %d), consumer copies %d, offset records %d, "
+                 "check backlog %s, op backlog %s%s", broker, run.records["half"], run.records["op"],
+                 run.records["real"], run.messages[DISCARD_TOPIC], run.records["copy"], run.offset_records,
+                 _opt(run.check_backlog), _opt(run.op_backlog),
                  f"; {len(run.errors)} error(s)" if run.errors else "")  # fmt: skip
         return run
 
@@ -240,7 +242,7 @@ class Collector:
         wanted = set(self.settings.topics)
 
         def chosen_topic(t: str) -> bool:
-            if t in TRANSACTION_TOPICS:
+            if t in TRANSACTION_TOPICS or is_copy_topic(t):
                 return True
             return is_business_topic(t) and t not in (broker, cluster) and (not wanted or t in wanted)
 

@@ -288,7 +288,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     skipped = ", ".join(f"{t} {n}" for t, n in sorted(summary.skipped.items())) or "none"
     print(
         f"export-store {broker}: commit log {started_at} -> {state.position}; records: "
-        f"half {summary.records['half']}, op {summary.records['op']}, real {summary.records['real']}; "
+        f"half {summary.records['half']}, op {summary.records['op']}, real {summary.records['real']}, "
+        f"consumer copies {summary.records['copy']}; "
         f"offset records {summary.offsets} ({summary.offsets_skipped} internal queue offsets skipped); "
         f"corrupt records {summary.corrupt}; skipped topics: {skipped}"
         + (f"; RIP-82 ops whose half is gone {summary.ops_without_half}" if summary.ops_without_half else "")

@@ -153,9 +153,10 @@ def table_version(spark: SparkSession, table: str) -> int:
 
 
 def latest_event(bronze: dict[str, DataFrame]) -> int | None:
-    """The default as_of: the largest store, commit or snapshot time in bronze."""
+    """The default as_of: the largest store, commit or snapshot time in bronze (consumer copies included)."""
     parts = [bronze[s].agg(F.max(TIME[s]).alias("t")) for s in TIME]
     parts.append(bronze["consumer"].agg(F.max(SNAPSHOT_TIME).alias("t")))
+    parts.append(bronze["copy"].agg(F.max("store_timestamp").alias("t")))
     value = union_all(parts).agg(F.max("t")).collect()[0][0]
     return int(value) if value is not None else None
 
@@ -230,7 +231,8 @@ def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[st
     half, op, real, offset = (frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
     life = facts(half, resolutions(half, resolved_offsets(op)), real).transform(lifecycle(as_of, rules))
     commits_df = offset_commits(offset)
-    groups = group_anomalies(snapshots_up_to(frames, as_of), commits_df, real, as_of, rules.stranded_after_ms)
+    groups = group_anomalies(snapshots_up_to(frames, as_of), commits_df, real, frames["copy"], as_of,
+                             rules.stranded_after_ms)  # fmt: skip
     return {
         TXN_LIFECYCLE.name: life,
         OFFSET_COMMITS.name: commits_df,
@@ -285,7 +287,9 @@ def incremental(
     found = (
         transaction_anomalies(life, as_of, rules)
         .unionByName(every_commit.transform(offset_regressions(real, as_of)))
-        .unionByName(group_anomalies(snapshots, every_commit, real, as_of, rules.stranded_after_ms))
+        .unionByName(
+            group_anomalies(snapshots, every_commit, real, bronze.frames["copy"], as_of, rules.stranded_after_ms)
+        )
     )
     merge_anomalies(spark, config, found, as_of, scope=keys)
     _progress("anomalies merged")

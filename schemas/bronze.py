@@ -18,6 +18,7 @@ KEYS = {
     "real": ("broker_name", "topic", "queue_id", "queue_offset"),
     "offset": ("_record_hash",),
     "consumer": ("_record_hash",),
+    "copy": ("broker_name", "topic", "queue_id", "queue_offset"),
 }
 
 BRONZE = {
@@ -31,6 +32,7 @@ CLUSTER_BY = {
     "real": ("broker_name", "store_timestamp"),
     "offset": ("broker_name", "commit_timestamp"),
     "consumer": ("consumer_group", "snapshot_ts"),
+    "copy": ("consumer_group", "store_timestamp"),
 }
 
 # The columns Delta keeps file statistics for: key, clustering and time; nothing filters bronze by others.

@@ -81,6 +81,30 @@ REAL = Schema(
     key=("broker_name", "topic", "queue_id", "queue_offset"),
 )
 
+# A consumer's copies of a message it failed (DESIGN §1, "Consumer copies"): sent back to `%RETRY%<group>`
+# to be consumed again after a delay, or to `%DLQ%<group>` once it failed maxReconsumeTimes times.
+RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"
+COPY_KINDS = ("retry", "dead_letter")
+
+COPY = Schema(
+    "copy",
+    (Field("broker_name", "string"), Field("topic", "string", doc="%RETRY%<group> or %DLQ%<group>"))
+    + _STORED[1:]
+    + (
+        Field("consumer_group", "string", doc="the group whose consumer sent it back"),
+        Field("kind", "string", doc="retry or dead_letter"),
+        Field("origin_topic", "string", nullable=True, doc="RETRY_TOPIC: the topic the message was sent to"),
+        Field("origin_message_id", "string", nullable=True, doc="ORIGIN_MESSAGE_ID"),
+        Field("uniq_key", "string", nullable=True, doc="UNIQ_KEY, the original's"),
+        Field("reconsume_times", "int", doc="consumptions it failed so far"),
+        Field("transactional", "boolean", doc="TRAN_MSG: a copy keeps the original's properties and flags"),
+        Field("transaction_id", "string", nullable=True),
+        Field("tags", "string", nullable=True),
+        Field("keys", "string", nullable=True),
+    ),
+    key=("broker_name", "topic", "queue_id", "queue_offset"),
+)
+
 OFFSET = Schema(
     "offset",
     (
@@ -112,4 +136,4 @@ CONSUMER = Schema(
     ),
 )  # fmt: skip
 
-LANDING = {s.name: s for s in (HALF, OP, REAL, OFFSET, CONSUMER)}
+LANDING = {s.name: s for s in (HALF, OP, REAL, OFFSET, CONSUMER, COPY)}

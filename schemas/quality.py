@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.bronze import BRONZE
-from schemas.landing import HALF_TOPIC_OF_OP, OP_BODY_CHARS, OP_BODY_EMPTY_ITEM
+from schemas.landing import COPY_KINDS, HALF_TOPIC_OF_OP, OP_BODY_CHARS, OP_BODY_EMPTY_ITEM
 from schemas.model import Field, Schema
 from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, TXN_LIFECYCLE
 
@@ -30,7 +30,7 @@ DISCARD_REASONS = ("MAX_CHECKS", "EXPIRED")
 ANOMALY_TYPES = (
     "STUCK_HALF", "DISCARDED_AFTER_MAX_CHECKS", "DISCARDED_EXPIRED", "ORPHANED_COMMIT", "DUPLICATE_COMMIT",
     "RECHECKED_AFTER_RESOLUTION", "OFFSET_REGRESSION", "SUBSCRIPTION_CONFLICT", "STRANDED_QUEUE",
-    "REDELIVERY_AT_HANDOFF", "OFFSET_JUMP", "UNDELIVERED",
+    "REDELIVERY_AT_HANDOFF", "OFFSET_JUMP", "UNDELIVERED", "DEAD_LETTERED",
 )  # fmt: skip
 SNAPSHOT_KINDS = ("subscription", "queue")
 ANOMALY_REASONS = ("NO_HALF", "NO_OP", "AFTER_DISCARD", "OFFSET_MISMATCH", *DISCARD_REASONS)
@@ -91,7 +91,7 @@ def _problems(what: str) -> Expectation:
 
 def suites(check_max: int) -> tuple[Suite, ...]:
     """Every suite, in the order they run. `check_max` is the broker's transactionCheckMax."""
-    half, op, real, offset, consumer = (BRONZE[s] for s in ("half", "op", "real", "offset", "consumer"))
+    half, op, real, offset, consumer, copy = (BRONZE[s] for s in ("half", "op", "real", "offset", "consumer", "copy"))
     in_set = "column_values_to_be_in_set"
     half_topics, op_topics = sorted(HALF_TOPIC_OF_OP.values()), sorted(HALF_TOPIC_OF_OP)
     half_rows = (_check_times(1, check_max), _e(in_set, column="topic", value_set=half_topics))
@@ -102,6 +102,7 @@ def suites(check_max: int) -> tuple[Suite, ...]:
         _e("column_values_to_not_match_regex", column="body", regex=OP_BODY_EMPTY_ITEM),
     )
     snapshot_rows = (_e(in_set, column="kind", value_set=list(SNAPSHOT_KINDS)),)
+    copy_rows = (_e(in_set, column="kind", value_set=list(COPY_KINDS)),)
     lifecycle = (
         _e(in_set, column="state", value_set=list(STATES)),
         _e(in_set, column="reason", value_set=list(DISCARD_REASONS)),
@@ -121,6 +122,7 @@ def suites(check_max: int) -> tuple[Suite, ...]:
         Suite(real.name, "bronze", contract(real), real.key),
         Suite(offset.name, "bronze", contract(offset), offset.key),
         Suite(consumer.name, "bronze", contract(consumer) + snapshot_rows, consumer.key),
+        Suite(copy.name, "bronze", contract(copy) + copy_rows, copy.key),
         Suite(TXN_LIFECYCLE.name, "silver", contract(TXN_LIFECYCLE) + lifecycle),
         Suite(OFFSET_COMMITS.name, "silver", contract(OFFSET_COMMITS)),
         Suite(ANOMALIES.name, "gold", contract(ANOMALIES) + anomalies),

@@ -33,6 +33,7 @@ KEY_FIELDS = {
     "OFFSET_JUMP": (*QUEUE_KEY, "seq"),
     "STRANDED_QUEUE": QUEUE_KEY,
     "UNDELIVERED": QUEUE_KEY,
+    "DEAD_LETTERED": (*QUEUE_KEY, "uniq_key", "dlq_queue_offset", "reconsume_times", "transaction_id"),
     "REDELIVERY_AT_HANDOFF": (*QUEUE_KEY, "old_holder"),
     "SUBSCRIPTION_CONFLICT": ("broker_name", "consumer_group", "event_ts"),
 }

@@ -1,8 +1,10 @@
 """Stored messages into landing records (DESIGN §1), by topic. Pure.
 
 The half topics give `half` records, the op topics `op` records, business topics and the discard topic
-`real` records. Every other topic (retry, DLQ, schedule, trace and the broker's own system topics) is
-counted by the caller and skipped: it holds no transaction and no business message.
+`real` records, a group's retry and DLQ topics `copy` records. Every other topic (schedule, trace and the
+broker's own system topics) is counted by the caller and skipped: it holds no transaction and no business
+message. A copy keeps the original's properties and flags, a committed transactional message's included:
+it must never land as `real`, where it would count as a second commit.
 
 A RIP-82 broker (5.4+, transRocksDBEnable with transWriteOriginTransHalfEnable=false) keeps its halves in
 ROCKSDB_HALF_TOPIC and writes one op per end request to ROCKSDB_OP_TOPIC, whose body is one zero byte: the
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.landing import HALF_TOPIC, OP_TOPIC, ROCKSDB_HALF_TOPIC, ROCKSDB_OP_TOPIC
+from schemas.landing import DLQ_PREFIX, HALF_TOPIC, OP_TOPIC, RETRY_PREFIX, ROCKSDB_HALF_TOPIC, ROCKSDB_OP_TOPIC
 from sources.commitlog import TRANSACTION_BITS, Message, properties
 
 DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
@@ -39,7 +41,14 @@ def stream_of(topic: str) -> str | None:
         return "op"
     if topic == DISCARD_TOPIC or is_business_topic(topic):
         return "real"
+    if is_copy_topic(topic):
+        return "copy"
     return None
+
+
+def is_copy_topic(topic: str) -> bool:
+    """A consumer group's retry or DLQ topic."""
+    return topic.startswith((RETRY_PREFIX, DLQ_PREFIX))
 
 
 def _int(value: str | None) -> int | None:
@@ -93,4 +102,15 @@ def real_record(broker: str, m: Message) -> tuple[Any, ...]:
             get("TAGS"), get("KEYS"), m.body_size, m.reconsume_times)  # fmt: skip
 
 
-RECORD = {"half": half_record, "op": op_record, "real": real_record}
+def copy_record(broker: str, m: Message) -> tuple[Any, ...]:
+    get = properties(m.properties).get
+    dead = m.topic.startswith(DLQ_PREFIX)
+    # A pop consumer's retry topic (5.x) also names the topic: %RETRY%<group>+<topic>.
+    group = m.topic.removeprefix(DLQ_PREFIX if dead else RETRY_PREFIX).split("+")[0]
+    return (broker, m.topic, m.queue_id, m.queue_offset, m.physical_offset, m.store_timestamp, m.born_timestamp,
+            group, "dead_letter" if dead else "retry", get("RETRY_TOPIC"), get("ORIGIN_MESSAGE_ID"), get("UNIQ_KEY"),
+            m.reconsume_times, get("TRAN_MSG") == "true", get("__transactionId__"), get("TAGS"),
+            get("KEYS"))  # fmt: skip
+
+
+RECORD = {"half": half_record, "op": op_record, "real": real_record, "copy": copy_record}

@@ -15,7 +15,14 @@ from pyspark.sql import DataFrame, SparkSession
 from schemas.landing import CONSUMER
 from schemas.spark import to_struct
 from transforms.anomalies import offset_commits
-from transforms.consumers import offset_jumps, redeliveries, stranded_queues, subscription_conflicts, undelivered
+from transforms.consumers import (
+    dead_letters,
+    offset_jumps,
+    redeliveries,
+    stranded_queues,
+    subscription_conflicts,
+    undelivered,
+)
 
 pytestmark = pytest.mark.spark
 T = 1_000_000
@@ -209,3 +216,29 @@ def test_a_snapshot_the_offset_did_not_move_past_keeps_the_run_whole(spark: Spar
     [(_, _, _, since, detail)] = found(undelivered(cons, commits_df, real, AS_OF))
     assert (since, detail["messages"], detail["first_offset"], detail["last_offset"]) == (T, 6, 0, 5)
     assert (detail["until"], detail["ongoing"], detail["exact"]) == (T + 30_000, True, True)
+
+
+def test_a_dlq_copy_is_dead_lettered_with_its_original_queue_and_transaction(spark: SparkSession) -> None:
+    """Two copies in %DLQ%g: of a committed transactional message (its commit stored twice, on queue 1) and of a
+    plain one; a retry copy is no finding, nor is a DLQ copy stored after as_of."""
+    real = spark.createDataFrame(
+        [("b", "t", 1, 7, T, "K1", "tx-1"), ("b", "t", 1, 9, T + 5, "K1", "tx-1"), ("b", "t", 0, 3, T, "K2", None)],
+        "broker_name string, topic string, queue_id int, queue_offset long, store_timestamp long, uniq_key string, "
+        "transaction_id string")  # fmt: skip
+    copy = spark.createDataFrame([
+        ("b", "%DLQ%g", 0, 0, T + 100, "g", "dead_letter", "t", "M1", "K1", 4, True, "tx-1"),
+        ("b", "%RETRY%g", 0, 5, T + 50, "g", "retry", "t", "M2", "K2", 3, False, None),
+        ("b", "%DLQ%g", 0, 1, T + 200, "g", "dead_letter", "t", "M2", "K2", 4, False, None),
+        ("b", "%DLQ%g", 0, 2, AS_OF + 1, "g", "dead_letter", "t", "M2", "K2", 4, False, None),
+    ], "broker_name string, topic string, queue_id int, queue_offset long, store_timestamp long, "
+       "consumer_group string, kind string, origin_topic string, origin_message_id string, uniq_key string, "
+       "reconsume_times int, transactional boolean, transaction_id string")  # fmt: skip
+    rows = sorted(dead_letters(copy, real, AS_OF).collect(), key=lambda r: r["event_ts"])
+    assert [(r["anomaly_type"], r["consumer_group"], r["topic"], r["queue_id"], r["uniq_key"], r["event_ts"])
+            for r in rows] == [("DEAD_LETTERED", "g", "t", 1, "K1", T + 100), ("DEAD_LETTERED", "g", "t", 0, "K2",
+                                                                            T + 200)]  # fmt: skip
+    first, second = (json.loads(r["detail"]) for r in rows)
+    assert first == {"dlq_topic": "%DLQ%g", "dlq_queue_id": 0, "dlq_queue_offset": 0, "reconsume_times": 4,
+                     "origin_broker": "b", "origin_queue_offset": 7, "transaction_id": "tx-1", "transactional": True,
+                     "origin_message_id": "M1"}  # fmt: skip
+    assert (second["origin_queue_offset"], second["transactional"], second.get("transaction_id")) == (3, False, None)

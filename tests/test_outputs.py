@@ -122,7 +122,7 @@ def test_dashboard_renders_in_headless_chromium(shipped: Shipped, spark: SparkSe
                                            if a["anomaly_type"] == "RECHECKED_AFTER_RESOLUTION"}  # fmt: skip
         # The consumer-group view: stranded queues and hand-offs by id, and the group members by client id.
         for table, kind in (("stranded", "STRANDED_QUEUE"), ("handoffs", "REDELIVERY_AT_HANDOFF"),
-                            ("conflicts", "SUBSCRIPTION_CONFLICT")):  # fmt: skip
+                            ("conflicts", "SUBSCRIPTION_CONFLICT"), ("dead_letters", "DEAD_LETTERED")):  # fmt: skip
             ids = {c.text for c in driver.find_elements(By.CSS_SELECTOR, f"#{table} td.key") if len(c.text) == 64}
             assert ids and ids == {a["anomaly_id"] for a in anomalies if a["anomaly_type"] == kind}, table
         members = {r["client_id"] for r in shipped.table(spark, "consumer_events") if r["client_id"]}
@@ -176,7 +176,7 @@ def _readme_queries() -> list[str]:
 
 def test_readme_queries_run_as_written_in_spark_sql(shipped: Shipped, spark: SparkSession, tmp_path: Path) -> None:
     queries = _readme_queries()
-    assert len(queries) == 7
+    assert len(queries) == 8
     # One spark-sql process for all of them (a JVM start each would be slow); a marker row separates them.
     script = "".join(f"SELECT 'query {i}';\n{q}" for i, q in enumerate(queries))
     (tmp_path / "queries.sql").write_text(script)
@@ -247,5 +247,12 @@ def _expected(shipped: Shipped, spark: SparkSession) -> list[list[list[str]]]:
             who = r["client_id"] or f"broker {r['broker_name']}"
             subscribed.setdefault((r["consumer_group"], who), set()).add(f"{r['topic']} {r['expression']}")
     member_rows = [[g, who, ", ".join(sorted(subs))] for (g, who), subs in sorted(subscribed.items())]
-    answers = (stuck_rows, discard_rows, dup_rows, regression_rows, stranded_rows, duplicate_rows, member_rows)
+    dead: dict[tuple[str, str], list[int]] = {}
+    for a in anomalies:
+        if a["anomaly_type"] == "DEAD_LETTERED":
+            n = dead.setdefault((a["consumer_group"], a["topic"]), [0, 0])
+            n[0], n[1] = n[0] + 1, n[1] + (detail(a, "transaction_id") is not None)
+    dead_rows = [[g, t, *n] for (g, t), n in sorted(dead.items(), key=lambda kv: (-kv[1][0], kv[0]))]
+    answers = (stuck_rows, discard_rows, dup_rows, regression_rows, stranded_rows, duplicate_rows, dead_rows,
+               member_rows)  # fmt: skip
     return [[[str(v) for v in row] for row in rows] for rows in answers]

@@ -1,6 +1,6 @@
 """Consumer groups on a real RocketMQ 5.3.3 broker, collected live, then ingested and reconciled.
 
-Three stories, one broker (check service idle):
+Four stories, one broker (check service idle, every delay level 1 s):
 - The classic mistake: group CG_CONFLICT has a member on TopicA and a member on TopicB (Scenario.java
   `conflict`). The collector snapshots the group every 2 s while both run.
 - A member killed after consuming: CG_HANDOFF has a survivor that persists its offsets every second and
@@ -11,6 +11,8 @@ Three stories, one broker (check service idle):
 - Tags (Scenario.java `tags`, beside the conflict): in CG_TAGS member t1 subscribes TopicT with TagA and t2
   with TagB; in CG_OK two members take `*`. The messages are sent after a first snapshot of both groups and
   the last snapshot follows their commits past all of them.
+- Retries (Scenario.java `retry`, beside the conflict): CG_RETRY (maxReconsumeTimes 2) fails three messages
+  and a committed transactional one every time; the broker sends each back twice, then to the DLQ.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import re
 import subprocess
 import time
 from collections import Counter
@@ -28,11 +31,13 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from jobs.collect import Collector, write_runs
 from jobs.config import Config
 from jobs.reconcile import reconcile
 from jobs.runs import new_run_id
+from tests.conftest import REPO
 from tests.rocketmq.cluster import BrokerSettings, RocketMQ, compile_driver, run_driver, start_driver, wait_for
 from tests.test_ingest import fresh_db, ingest
 
@@ -40,10 +45,13 @@ pytestmark = pytest.mark.spark
 STRANDED_AFTER_MS = 10_000
 CONFLICT_S = 30
 TAGGED = 240
+RETRIED, FAILED = 10, 3  # CG_RETRY's plain messages, and how many of them (R-0..) it fails, with R-txn
+DELAY_LEVELS = "messageDelayLevel=" + " ".join(["1s"] * 18)  # a send-back waits 1 s, not 10 s and more
 
 
 Counts = dict[str, dict[str, int]]  # the conflict's "sent" and "consumed" messages per "topic:queue"
 Records = list[dict[str, Any]]
+Stories = tuple[Counts, Records, dict[str, str], Records, Records]
 
 
 @dataclass(frozen=True)
@@ -54,11 +62,14 @@ class Played:
     consumed: list[dict[str, Any]]  # every message a CG_HANDOFF member consumed, in order
     members: dict[str, str]  # CG_HANDOFF member name -> client id
     tags: Records  # what the tags story sent ("tagged": key, tag, queue) and received ("received": group, key)
+    retry: Records  # what the retry story sent ("retry_sent") and each consumption ("attempt")
     cfg: Config
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The complete lines a driver has written so far (it may be writing the last one)."""
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
 def _tell(member: subprocess.Popen[bytes], command: str) -> None:
@@ -73,10 +84,10 @@ def played(spark: SparkSession, config: Config, tmp_path_factory: pytest.TempPat
     classes = compile_driver(root / "classes")
     landing, home = root / "landing", root / "client"
     procs: list[subprocess.Popen[bytes]] = []
-    with RocketMQ(root / "rmq", BrokerSettings(check_interval_ms=3_600_000)) as rmq:
+    with RocketMQ(root / "rmq", BrokerSettings(check_interval_ms=3_600_000), extra_conf=(DELAY_LEVELS,)) as rmq:
         collector = Collector([rmq.namesrv], landing, config.collect)
         try:
-            conflict, consumed, members, tags = _play(rmq, classes, collector, landing, home, procs)
+            conflict, consumed, members, tags, retry = _play(rmq, classes, collector, landing, home, procs)
         finally:
             for p in procs:
                 p.kill()
@@ -89,13 +100,13 @@ def played(spark: SparkSession, config: Config, tmp_path_factory: pytest.TempPat
     tallies = ingest(spark, cfg, landing, "real-groups")
     assert all(t.quarantined == 0 for t in tallies.values()), tallies
     reconcile(spark, cfg)
-    yield Played(landing, broker_log, conflict, consumed, members, tags, cfg)
+    yield Played(landing, broker_log, conflict, consumed, members, tags, retry, cfg)
 
 
 def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, home: Path,
-          procs: list[subprocess.Popen[bytes]]) -> tuple[Counts, Records, dict[str, str], Records]:  # fmt: skip
+          procs: list[subprocess.Popen[bytes]]) -> Stories:  # fmt: skip
     """The stories; what the conflict sent and consumed per queue, every CG_HANDOFF consumption, its client ids,
-    and the tags story's lines."""
+    the tags and the retry story's lines."""
     root = landing.parent
 
     def collect() -> None:
@@ -107,6 +118,9 @@ def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, hom
     # Tags: its groups settle while the conflict starts, are snapshotted, then get their messages.
     tags = start_driver(classes, "tags", rmq.namesrv, root / "tags.jsonl", str(TAGGED), home=home, name="tags")
     procs.append(tags)
+    retry = start_driver(classes, "retry", rmq.namesrv, root / "retry.jsonl", str(RETRIED), str(FAILED), home=home,
+                         name="retry")  # fmt: skip
+    procs.append(retry)
     # The conflict: collect while both members run (the phase ends after CONFLICT_S).
     conflict = start_driver(classes, "conflict", rmq.namesrv, root / "conflict.jsonl", str(CONFLICT_S),
                             home=home, name="conflict")  # fmt: skip
@@ -126,10 +140,12 @@ def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, hom
         collect()
         _tell(tags, "send")
     wait_for(lambda: any(r["kind"] == "tags_done" for r in _lines(root / "tags.jsonl")), "both groups to commit")
+    wait_for(lambda: any(r["kind"] == "retried" for r in _lines(root / "retry.jsonl")), "CG_RETRY's dead letters")
     collect()
-    assert tags.stdin is not None
-    tags.stdin.close()
-    assert tags.wait(60) == 0
+    for story in (tags, retry):
+        assert story.stdin is not None
+        story.stdin.close()
+        assert story.wait(60) == 0
     # The hand-off: the topic exists (one message per queue) before the members start.
     out = {name: root / f"{name}.jsonl" for name in ("victim", "survivor")}
     run_driver(classes, "send", rmq.namesrv, root / "sent.jsonl", "TopicH", "4", home=home, timeout_s=60)
@@ -161,12 +177,20 @@ def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, hom
     consumed = [r for n in out for r in _lines(out[n]) if r["kind"] == "consumed"]
     [conflict_line] = [r for r in _lines(root / "conflict.jsonl") if r["kind"] == "conflict"]
     tagged = [r for r in _lines(root / "tags.jsonl") if r["kind"] in ("tagged", "received")]
-    return {k: conflict_line[k] for k in ("sent", "consumed")}, consumed, members, tagged
+    retried = [r for r in _lines(root / "retry.jsonl") if r["kind"] in ("retry_sent", "attempt")]
+    return {k: conflict_line[k] for k in ("sent", "consumed")}, consumed, members, tagged, retried
 
 
 def _found(spark: SparkSession, played: Played, kind: str, group: str) -> list[dict[str, Any]]:
     rows = spark.table(played.cfg.table("anomalies")).where(f"anomaly_type = '{kind}' AND consumer_group = '{group}'")
     return [r.asDict() | {"detail": json.loads(r["detail"])} for r in rows.collect()]
+
+
+def _readme_query(marker: str, played: Played) -> str:
+    """The README's SQL query that contains `marker`, on this test's database."""
+    queries = re.findall(r"```sql\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    [query] = [q for q in queries if marker in q]
+    return query.replace("txn_recon.", f"{played.cfg.database}.")
 
 
 def test_the_classic_mistake_is_a_conflict_with_stranded_queues(spark: SparkSession, played: Played) -> None:
@@ -228,3 +252,44 @@ def test_messages_a_tag_filter_refused_are_undelivered_exactly_per_queue(spark: 
     assert all(u["detail"]["exact"] and u["detail"]["cause"] == "TAG_FILTER" for u in found)
     expressions = {(f["member_expression"], f["broker_expression"]) for u in found for f in u["detail"]["filters"]}
     assert {m for m, _ in expressions} <= {"TagA", "TagB"} and len({b for _, b in expressions}) == 1
+    # The README's query of messages lost per group says the same.
+    week = spark.sql(_readme_query("anomaly_type = 'UNDELIVERED'", played)).collect()
+    assert [(r["consumer_group"], r["topic"], r["undelivered"]) for r in week] == [
+        ("CG_TAGS", "TopicT", sum(lost.values()))]  # fmt: skip
+
+
+def test_messages_failed_until_the_dlq_are_dead_lettered_and_their_copies_are_no_commits(
+    spark: SparkSession, played: Played
+) -> None:
+    """Each failed message was tried three times (reconsume times 0, 1, 2): the broker stored two retry copies
+    of it, then one in %DLQ%CG_RETRY. Copies land in copy_events, never as real messages or commits."""
+    sent = {r["key"]: r for r in played.retry if r["kind"] == "retry_sent"}
+    tries = Counter(r["key"] for r in played.retry if r["kind"] == "attempt")
+    failed = {f"R-{i}" for i in range(FAILED)} | {"R-txn"}
+    assert {k for k, n in tries.items() if n > 1} == failed and all(tries[k] == 3 for k in failed), tries
+    copies = spark.table(played.cfg.table("copy_events")).where("consumer_group = 'CG_RETRY'").collect()
+    assert Counter((c["kind"], c["reconsume_times"]) for c in copies) == {
+        ("retry", 1): len(failed), ("retry", 2): len(failed), ("dead_letter", 3): len(failed)}  # fmt: skip
+    assert {c["keys"] for c in copies} == failed and {c["origin_topic"] for c in copies} == {"TopicR"}
+    [txn_copy] = {c["transaction_id"] for c in copies if c["keys"] == "R-txn" and c["transactional"]}
+    assert txn_copy == sent["R-txn"]["transaction_id"]
+    real = spark.table(played.cfg.table("real_events"))
+    assert real.where(F.col("topic").startswith("%")).count() == 0
+    uniq = {r["uniq_key"]: r["keys"] for r in real.where("topic = 'TopicR'").collect()}
+    dead = _found(spark, played, "DEAD_LETTERED", "CG_RETRY")
+    assert sorted(uniq[d["uniq_key"]] for d in dead) == sorted(failed)
+    for d in dead:
+        key, detail = uniq[d["uniq_key"]], d["detail"]
+        assert (d["topic"], detail["reconsume_times"], detail["dlq_topic"]) == ("TopicR", 3, "%DLQ%CG_RETRY")
+        if key == "R-txn":
+            assert (detail["transactional"], detail["transaction_id"]) == (True, sent[key]["transaction_id"])
+        else:
+            assert (d["queue_id"], detail["origin_queue_offset"]) == (sent[key]["queue_id"], sent[key]["queue_offset"])
+    # The README's query of what the groups did with one message, for the transaction's.
+    [txn_key] = [u for u, k in uniq.items() if k == "R-txn"]
+    query = _readme_query("FROM txn_recon.copy_events", played).replace("AC1100020001...", txn_key)
+    assert [(r["consumer_group"], r["failed_times"], r["dead_lettered"]) for r in spark.sql(query).collect()] == [
+        ("CG_RETRY", 3, True)]  # fmt: skip
+    commits = spark.table(played.cfg.table("anomalies")).where(
+        "anomaly_type IN ('DUPLICATE_COMMIT', 'ORPHANED_COMMIT')")  # fmt: skip
+    assert commits.count() == 0

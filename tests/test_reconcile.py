@@ -29,7 +29,7 @@ def _shifted(rec: dict[str, Any], prefix: str, shift: int) -> dict[str, Any]:
     """A record or truth finding moved in time, its brokers, consumer groups and business topics renamed (a
     group's topic spans every broker holding it: runs must not share one)."""
     out = {k: (v + shift if k in TIME_FIELDS else v) for k, v in rec.items()}
-    for name in ("broker_name", "consumer_group", "topic"):
+    for name in ("broker_name", "consumer_group", "topic", "origin_topic"):
         if rec.get(name) is not None and rec[name] != "TRANS_CHECK_MAX_TIME_TOPIC":
             out[name] = f"{prefix}/{rec[name]}"
     return out
@@ -62,7 +62,7 @@ def test_precision_and_recall_are_one_for_every_profile_and_seed(
     assert {r["as_of"] for r in found} == {AS_OF}
     scores = score(expected, found_keys(found))
     assert {k for k in scores} >= {"STUCK_HALF", "DISCARDED_AFTER_MAX_CHECKS", "DISCARDED_EXPIRED", "ORPHANED_COMMIT",
-                                   "DUPLICATE_COMMIT", "OFFSET_REGRESSION", *NEW_TYPES}  # fmt: skip
+                                   "DUPLICATE_COMMIT", "OFFSET_REGRESSION", "DEAD_LETTERED", *NEW_TYPES}  # fmt: skip
     # Every chaos seed has consumer-group findings (each type appears at some seed, asserted above).
     assert {"chaos1", "chaos2", "chaos3"} <= {r["broker_name"].split("/")[0] for r in found
                                               if r["anomaly_type"] in NEW_TYPES}  # fmt: skip

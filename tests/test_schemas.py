@@ -15,7 +15,7 @@ from schemas.spark import to_struct
 
 
 def test_landing_streams_and_keys() -> None:
-    assert set(LANDING) == {"half", "op", "real", "offset", "consumer"}
+    assert set(LANDING) == {"half", "op", "real", "offset", "consumer", "copy"}
     assert HALF.key == ("broker_name", "topic", "queue_id", "queue_offset")  # two half topics since RIP-82
     assert HALF.defaults == {"topic": "RMQ_SYS_TRANS_HALF_TOPIC"} and HALF.field("topic").nullable
     assert REAL.key == ("broker_name", "topic", "queue_id", "queue_offset")

@@ -24,10 +24,10 @@ import pyspark
 import pytest
 
 from jobs.score import found_keys, read_truth, score
+from schemas import LANDING
 from tests.test_ingest import make_landing
 
 BEELINE_CP = str(Path(pyspark.__file__).parent / "jars" / "*")
-STREAMS = ("half", "op", "real", "offset", "consumer")
 
 
 def _free_port() -> int:
@@ -92,7 +92,7 @@ def metric(text: str, name: str) -> dict[str, float]:
 def land(source: Path, landing: Path, part: int, parts: int) -> None:
     """Every `parts`-th landing file of each stream, from the `part`-th on, as one new file per stream that
     appears at once (renamed into place), so a cycle lands a stream's part whole or not at all."""
-    for stream in STREAMS:
+    for stream in LANDING:
         (landing / stream).mkdir(parents=True, exist_ok=True)
         text = "".join(f.read_text() for f in sorted((source / stream).glob("*.jsonl"))[part::parts])
         if text:

@@ -12,7 +12,7 @@ import pytest
 from jobs.cli import main
 from sources import offsets
 from sources.commitlog import BLANK_MAGIC, Corrupt, DataEnd, FileEnd, Message, properties, scan
-from sources.records import half_log_offset, half_record, real_record, rocksdb_op_record, stream_of
+from sources.records import copy_record, half_log_offset, half_record, real_record, rocksdb_op_record, stream_of
 from tests.store_encoding import encode
 
 CAPTURED = Path(__file__).parent / "data" / "rocketmq-5.3.3"
@@ -96,7 +96,7 @@ def test_records_by_topic() -> None:
                                    "TRANS_CHECK_MAX_TIME_TOPIC", "orders", "%RETRY%g", "%DLQ%g", "SCHEDULE_TOPIC_XXXX",
                                    "rmq_sys_wheel_timer", "TBW102", "RMQ_SYS_ROCKSDB_TRANS_HALF_TOPIC",
                                    "RMQ_SYS_ROCKSDB_TRANS_OP_HALF_TOPIC")] == [
-        "half", "op", "real", "real", None, None, None, None, None, "half", "op"]  # fmt: skip
+        "half", "op", "real", "real", "copy", "copy", None, None, None, "half", "op"]  # fmt: skip
     props = {
         "UNIQ_KEY": "u",
         "PGROUP": "pg",
@@ -124,6 +124,14 @@ def test_records_by_topic() -> None:
     assert real_record("b", c)[8:11] == (8, True, 0)  # offset 0 is the store's first half: kept
     [n] = messages(encode("orders", {"UNIQ_KEY": "n"}))
     assert real_record("b", n)[8:11] == (0, False, None)
+    # A group's copy of a committed transactional message keeps its flags and properties: a copy, never real.
+    sent_back = {"UNIQ_KEY": "u", "TRAN_MSG": "true", "__transactionId__": "tx", "RETRY_TOPIC": "orders",
+                 "ORIGIN_MESSAGE_ID": "M", "TAGS": "A", "KEYS": "k"}  # fmt: skip
+    [d] = messages(encode("%DLQ%g", sent_back, sys_flag=8, queue_offset=3))
+    assert copy_record("b", d) == ("b", "%DLQ%g", 0, 3, 0, 2_000, 1_000, "g", "dead_letter", "orders", "M", "u", 0,
+                                   True, "tx", "A", "k")  # fmt: skip
+    [p] = messages(encode("%RETRY%g+orders", {"RETRY_TOPIC": "orders"}))  # a pop consumer's retry topic
+    assert copy_record("b", p)[7:10] == ("g", "retry", "orders")
 
 
 def test_consumer_offset_file_of_a_real_broker() -> None:
@@ -164,14 +172,17 @@ def test_export_store_resumes_across_files_and_offsets(tmp_path: Path, capsys: p
     landing = tmp_path / "landing"
     args = ["export-store", "--store", str(store), "--landing", str(landing), "--broker-name", "b"]
     assert main(args) == 0
-    assert "half 1, op 0, real 1; offset records 2 (1 internal" in capsys.readouterr().out
+    assert "half 1, op 0, real 1, consumer copies 0; offset records 2 (1 internal" in capsys.readouterr().out
     (store / "commitlog" / f"{size:020d}").write_bytes(second)  # the broker wrote on
     (store / "config" / "consumerOffset.json").write_text('{"offsetTable":{"orders@g":{0:3,1:2}}}')
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert f"commit log {size + len(b)} -> {size + len(b) + len(retry)}" in out and "%RETRY%g 1" in out
+    assert f"commit log {size + len(b)} -> {size + len(b) + len(retry)}" in out and "consumer copies 1" in out
     assert [(o["queue_id"], o["offset"]) for o in landed(landing, "offset")] == [(0, 5), (1, 2), (0, 3)]
     assert [r["topic"] for r in landed(landing, "real")] == ["orders"]
+    assert [(r["topic"], r["consumer_group"], r["kind"]) for r in landed(landing, "copy")] == [
+        ("%RETRY%g", "g", "retry")
+    ]
     assert not list(landing.rglob(".*.tmp"))
 
 

@@ -1,5 +1,5 @@
 """The consumer-group rules of DESIGN §2: SUBSCRIPTION_CONFLICT, STRANDED_QUEUE, REDELIVERY_AT_HANDOFF,
-OFFSET_JUMP and UNDELIVERED. Pure DataFrame -> DataFrame.
+OFFSET_JUMP, UNDELIVERED and DEAD_LETTERED. Pure DataFrame -> DataFrame.
 
 The first three read the `consumer` snapshots (each group's members, their subscriptions and held
 queues with in-memory offsets, and each broker's subscription table), the group's committed offsets
@@ -18,19 +18,20 @@ from pyspark.sql import functions as F
 
 from transforms.anomalies import detail_json
 
-GROUP_TYPES = ("SUBSCRIPTION_CONFLICT", "STRANDED_QUEUE", "REDELIVERY_AT_HANDOFF", "OFFSET_JUMP", "UNDELIVERED")
+GROUP_TYPES = ("SUBSCRIPTION_CONFLICT", "STRANDED_QUEUE", "REDELIVERY_AT_HANDOFF", "OFFSET_JUMP", "UNDELIVERED",
+               "DEAD_LETTERED")  # fmt: skip
 QUEUE = ["broker_name", "topic", "queue_id"]
 SNAP = ["consumer_group", "snapshot_ts"]
 
 
 def _anomaly(kind: str, key: Sequence[Column | str], event_ts: str, detail: Column, as_of: int,
-             topic: bool = True) -> list[Column]:  # fmt: skip
+             topic: bool = True, uniq_key: bool = False) -> list[Column]:  # fmt: skip
     """The anomalies table's columns; the id is a SHA-256 of the type and `key`."""
     return [
         F.sha2(F.concat_ws("|", F.lit(kind), *[F.coalesce((F.col(k) if isinstance(k, str) else k).cast("string"),
                                                             F.lit("")) for k in key]), 256).alias("anomaly_id"),
         F.lit(kind).alias("anomaly_type"), F.lit(None).cast("string").alias("reason"), F.col("broker_name"),
-        F.lit(None).cast("string").alias("uniq_key"), F.col("consumer_group"),
+        (F.col("uniq_key") if uniq_key else F.lit(None)).cast("string").alias("uniq_key"), F.col("consumer_group"),
         (F.col("topic") if topic else F.lit(None)).cast("string").alias("topic"),
         (F.col("queue_id") if topic else F.lit(None)).cast("int").alias("queue_id"),
         F.col(event_ts).cast("bigint").alias("event_ts"), F.lit(as_of).alias("as_of"),
@@ -337,13 +338,40 @@ def undelivered(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: D
     return found.select(*_anomaly("UNDELIVERED", [*QUEUE, "consumer_group", "since"], "since", detail, as_of))
 
 
-def group_anomalies(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int,
-                    stranded_after_ms: int) -> DataFrame:  # fmt: skip
-    """Every consumer-group finding, recomputed whole on each run (snapshots are small)."""
+def dead_letters(copy_df: DataFrame, real_df: DataFrame, as_of: int) -> DataFrame:
+    """DEAD_LETTERED: one per copy in a group's `%DLQ%<group>` stored by `as_of`, a message the group's consumers
+    failed until the broker parked it; the event is the copy's store time. Its topic and queue are the
+    original's (RETRY_TOPIC, and the first real message of that topic with its UNIQ_KEY). Detail: the DLQ
+    position, reconsume_times, the original's queue offset and broker, transaction_id and transactional
+    (a transactional message's copy keeps its flags, and is never a commit)."""
+    dead = copy_df.where((F.col("kind") == "dead_letter") & (F.col("store_timestamp") <= as_of)).select(
+        "broker_name", F.col("topic").alias("dlq_topic"), F.col("queue_id").alias("dlq_queue_id"),
+        F.col("queue_offset").alias("dlq_queue_offset"), "store_timestamp", "consumer_group",
+        F.col("origin_topic").alias("topic"), "uniq_key", "reconsume_times", "origin_message_id",
+        F.col("transaction_id").alias("copy_transaction_id"), "transactional")  # fmt: skip
+    first = Window.partitionBy("topic", "uniq_key").orderBy("store_timestamp", "origin_broker", "queue_id")
+    originals = (
+        real_df.where(F.col("uniq_key").isNotNull())
+        .select("topic", "uniq_key", "queue_id", F.col("queue_offset").alias("origin_queue_offset"),
+                F.col("broker_name").alias("origin_broker"), "transaction_id", "store_timestamp")
+        .withColumn("_n", F.row_number().over(first)).where("_n = 1").drop("_n", "store_timestamp")
+    )  # fmt: skip
+    found = dead.join(originals, on=["topic", "uniq_key"], how="left")
+    detail = F.struct("dlq_topic", "dlq_queue_id", "dlq_queue_offset", "reconsume_times", "origin_broker",
+                      "origin_queue_offset", F.coalesce("transaction_id", "copy_transaction_id").alias(
+                          "transaction_id"), "transactional", "origin_message_id")  # fmt: skip
+    key = ["broker_name", "dlq_topic", "dlq_queue_id", "dlq_queue_offset"]
+    return found.select(*_anomaly("DEAD_LETTERED", key, "store_timestamp", detail, as_of, uniq_key=True))
+
+
+def group_anomalies(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, copy_df: DataFrame,
+                    as_of: int, stranded_after_ms: int) -> DataFrame:  # fmt: skip
+    """Every consumer-group finding, recomputed whole on each run (snapshots and copies are small)."""
     return (
         subscription_conflicts(consumer_df, as_of)
         .unionByName(stranded_queues(consumer_df, offset_commits_df, real_df, as_of, stranded_after_ms))
         .unionByName(redeliveries(consumer_df, offset_commits_df, real_df, as_of))
         .unionByName(offset_jumps(offset_commits_df, as_of))
         .unionByName(undelivered(consumer_df, offset_commits_df, real_df, as_of))
+        .unionByName(dead_letters(copy_df, real_df, as_of))
     )

@@ -98,6 +98,7 @@ GROUP_COUNTS = {
     "REDELIVERY_AT_HANDOFF": "duplicates_estimate",
     "OFFSET_JUMP": "skipped",
     "UNDELIVERED": "messages",
+    "DEAD_LETTERED": "reconsume_times",
 }
 
 

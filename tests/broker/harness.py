@@ -146,7 +146,22 @@ def reference_findings(
         if before is not None and o["offset"] > before[0] and before[1] and not o.get("client_id"):
             found.add(("OFFSET_JUMP", *q, o["commit_timestamp"], o.get("seq")))
         last_offset[q] = (o["offset"], o.get("client_id"))
-    return states, found | group_findings(records, thr)
+    return states, found | group_findings(records, thr) | dead_letters(records, as_of)
+
+
+def dead_letters(records: dict[str, list[dict[str, Any]]], as_of: int) -> set[tuple[Any, ...]]:
+    """DEAD_LETTERED keys: each DLQ copy, with the queue of the first message of its original topic and UNIQ_KEY."""
+    first: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in sorted(records["real"], key=lambda r: (r["store_timestamp"], r["broker_name"], r["queue_id"])):
+        first.setdefault((r["topic"], r.get("uniq_key") or ""), r)
+    found = set()
+    for c in records.get("copy", []):
+        if c["kind"] == "dead_letter" and c["store_timestamp"] <= as_of:
+            original = first.get((c["origin_topic"], c["uniq_key"]), {})
+            found.add(("DEAD_LETTERED", c["broker_name"], c["consumer_group"], c["origin_topic"],
+                       original.get("queue_id"), c["store_timestamp"], c["uniq_key"], c["queue_offset"],
+                       c["reconsume_times"], original.get("transaction_id") or c.get("transaction_id")))  # fmt: skip
+    return found
 
 
 def group_findings(records: dict[str, list[dict[str, Any]]], thr: Thresholds) -> set[tuple[Any, ...]]:

@@ -66,7 +66,7 @@ def test_pinned_seed_output(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "_truth/meta.json").read_text())
     assert (meta["as_of"], meta["records"], meta["anomalies"]) == (
         1767225660009,
-        {"half": 3, "op": 2, "real": 3, "offset": meta["records"]["offset"], "consumer": 390},
+        {"half": 3, "op": 2, "real": 3, "offset": meta["records"]["offset"], "consumer": 390, "copy": 0},
         {},
     )
 

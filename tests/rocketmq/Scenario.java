@@ -56,6 +56,12 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  *                                                                pulling at the next message it consumes
  * java Scenario send  NAMESRV OUT TOPIC COUNT [batched]         COUNT plain messages to TOPIC, keys TOPIC-n; batched:
  *                                                                one batch per queue, stored at once
+ * java Scenario retry NAMESRV OUT COUNT FAIL                    CG_RETRY (maxReconsumeTimes 2) on TopicR: COUNT
+ *                                                                messages R-n and one committed transaction R-txn;
+ *                                                                it fails R-0..R-(FAIL-1) and R-txn every time, so
+ *                                                                the broker parks them in %DLQ%CG_RETRY; "retried"
+ *                                                                once they were tried 3 times, then every send and
+ *                                                                attempt; ends when stdin closes
  * java Scenario tags  NAMESRV OUT COUNT                         TopicT read by CG_TAGS (member t1 with TagA, t2
  *                                                                with TagB 1.5 s later) and CG_OK (two with *);
  *                                                                "ready" once they run; "send" on stdin: COUNT
@@ -525,6 +531,71 @@ public final class Scenario {
         p.shutdown();
     }
 
+    static void retry(String namesrv, PrintWriter out, int count, int fail) throws Exception {
+        TransactionMQProducer p = new TransactionMQProducer("PG_RETRY", aclHook());
+        p.setNamesrvAddr(namesrv);
+        p.setInstanceName("retry");
+        p.setTransactionListener(new TransactionListener() {
+            public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
+                return LocalTransactionState.COMMIT_MESSAGE;
+            }
+
+            public LocalTransactionState checkLocalTransaction(MessageExt msg) {
+                return LocalTransactionState.COMMIT_MESSAGE;
+            }
+        });
+        p.start();
+        List<String> lines = java.util.Collections.synchronizedList(new ArrayList<>());
+        Set<String> failing = ConcurrentHashMap.newKeySet();
+        failing.add("R-txn");
+        for (int i = 0; i < count; i++) {
+            SendResult r = p.send(new Message("TopicR", "r", "R-" + i, new byte[10]));
+            lines.add("{\"kind\":\"retry_sent\",\"key\":\"R-" + i + "\",\"queue_id\":" + r.getMessageQueue().getQueueId()
+                + ",\"queue_offset\":" + r.getQueueOffset() + "}");
+            if (i < fail) {
+                failing.add("R-" + i);
+            }
+        }
+        SendResult t = p.sendMessageInTransaction(new Message("TopicR", "r", "R-txn", new byte[10]), null);
+        lines.add("{\"kind\":\"retry_sent\",\"key\":\"R-txn\",\"transaction_id\":\"" + t.getTransactionId() + "\"}");
+        Map<String, Integer> tries = new ConcurrentHashMap<>();
+        DefaultMQPushConsumer c = new DefaultMQPushConsumer("CG_RETRY", aclHook());
+        c.setNamesrvAddr(namesrv);
+        c.setInstanceName("retrier");
+        c.setMaxReconsumeTimes(2);
+        c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        c.subscribe("TopicR", "*");
+        c.registerMessageListener((MessageListenerConcurrently) (msgs, ctx) -> {
+            for (MessageExt m : msgs) {
+                tries.merge(m.getKeys(), 1, Integer::sum);
+                lines.add("{\"kind\":\"attempt\",\"key\":\"" + m.getKeys() + "\",\"reconsume_times\":"
+                    + m.getReconsumeTimes() + ",\"queue_id\":" + m.getQueueId() + "}");
+            }
+            return failing.contains(msgs.get(0).getKeys()) ? ConsumeConcurrentlyStatus.RECONSUME_LATER
+                : ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+        });
+        c.start();
+        long deadline = System.currentTimeMillis() + 120_000;
+        while (!failing.stream().allMatch(k -> tries.getOrDefault(k, 0) >= 3)) {
+            if (System.currentTimeMillis() > deadline) {
+                throw new IOException("the failing messages were not tried 3 times in 120 s: " + tries);
+            }
+            Thread.sleep(200);
+        }
+        Thread.sleep(2000);  // the last send-back, to the DLQ
+        synchronized (out) {
+            lines.forEach(out::println);
+            out.println("{\"kind\":\"retried\"}");
+            out.flush();
+        }
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        while (in.readLine() != null) {
+            // until the test has collected
+        }
+        c.shutdown();
+        p.shutdown();
+    }
+
     static void sendPlain(String namesrv, PrintWriter out, String topic, int count, boolean batched) throws Exception {
         DefaultMQProducer p = new DefaultMQProducer("PG_" + topic, aclHook());
         p.setNamesrvAddr(namesrv);
@@ -612,6 +683,9 @@ public final class Scenario {
                     break;
                 case "member":
                     member(args[1], out, args[3], args[4], args[5], Integer.parseInt(args[6]));
+                    break;
+                case "retry":
+                    retry(args[1], out, Integer.parseInt(args[3]), Integer.parseInt(args[4]));
                     break;
                 case "tags":
                     tags(args[1], out, Integer.parseInt(args[3]));
