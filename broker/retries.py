@@ -75,7 +75,7 @@ class SendBack:
         if times >= MAX_RECONSUME:
             self._copy((now, group, broker, original, times + 1))
         else:
-            later = now + DELAY_LEVELS_MS[3 + times - 1]
+            later = now + DELAY_LEVELS_MS[3 + times - 1]  # level 3 + reconsume times; levels count from 1
             self.at(later, self._copy, (later, group, broker, original, times + 1))
 
     def _copy(self, arg: tuple[int, str, str, Original, int]) -> None:

@@ -140,7 +140,7 @@ def _anomaly_tables(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
 
 def _group_findings(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
     """The consumer-group findings: conflicts, stranded queues, expected duplicates at hand-offs, jumps,
-    messages a tag filter kept from the group."""
+    messages parked in a dead-letter queue, and messages a tag filter kept from the group."""
     kind, latest = F.col("anomaly_type"), (F.desc("event_ts"), "anomaly_id")
     by_type: dict[str, tuple[str, list[str | Column]]] = {
         "conflicts": ("SUBSCRIPTION_CONFLICT", ["consumer_group", "broker_name", "event_ts", _detail("until"),

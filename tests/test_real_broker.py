@@ -131,7 +131,7 @@ def test_scenario_played_every_fate(scenario: Scenario) -> None:
 
 
 def test_export_is_incremental_and_misses_nothing(scenario: Scenario, tmp_path: Path) -> None:
-    assert "half 0, op 0, real 0; offset records 0" in scenario.exports[-1], scenario.exports
+    assert "half 0, op 0, real 0, consumer copies 0; offset records 0" in scenario.exports[-1], scenario.exports
     once = tmp_path / "once"
     export(scenario.broker.store, once, scenario.broker.broker_name)
     for stream in ("half", "op", "real"):
