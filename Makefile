@@ -66,8 +66,9 @@ package: setup
 	$(BIN)/python -m jobs.package
 
 # Two workers, one test file each at a time, the longest files first (tests/conftest.py).
+TEST_WORKERS ?= 3
 test: lint browser promtool airflow rocketmq
-	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=20
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
 # The main job: simulate the default profile (100,000 transactions) into landing/demo, ingest,
 # reconcile, check data quality, write the dashboard, and score the anomalies against the model's truth.

@@ -59,6 +59,7 @@ _KEEP_BODY = frozenset({OP_TOPIC})
 _IN_FLIGHT = 16  # pull requests sent before their answers are read (each answer up to 256 KiB)
 _PROGRESS_EVERY = 100_000  # messages between two progress lines of one broker's pass
 _RETRIES = 3  # PULL_RETRY_IMMEDIATELY answers in a row before a queue waits for the next pass
+GROUP_RETRY_S = 0.5  # pause before a group whose snapshot failed is listed and asked again, once
 
 QueueId = tuple[str, int]  # topic, queue id
 
@@ -304,33 +305,24 @@ class Collector:
         conns: dict[str, Connection] = {}
         try:
             for group in groups:
-                taken_ms = int(time.time() * 1000)
-                tables: dict[str, dict[str, Any]] = {}
-                members: dict[str, consumer_snapshot.Member] = {}
-                try:
-                    for broker, (address, _) in sorted(brokers.items()):
-                        if broker not in conns:
-                            conns[broker] = self.connect(address)
-                        conn = conns[broker]
-                        connection = client.consumer_connections(conn, group)
-                        if connection is None:
+                for attempt in (1, 2):
+                    try:
+                        records += self._group_records(group, brokers, conns)
+                        break
+                    except _GroupFailed as failed:
+                        stale = conns.pop(failed.broker, None)
+                        if stale is not None:
+                            stale.close()  # its stream may hold half a response; the next try reconnects
+                        if attempt == 1:
+                            # A member that leaves between the broker's listing and our question refuses it
+                            # (its client no longer has the group); a fresh listing no longer names it.
+                            time.sleep(GROUP_RETRY_S)
                             continue
-                        tables[broker] = connection
-                        for cid in consumer_snapshot.client_ids(connection):
-                            if cid not in members:
-                                members[cid] = client.consumer_running_info(conn, group, cid)
-                except RemotingError as e:
-                    problem = f"consumer group {group}: no snapshot this pass ({e})"
-                    log.error("collect: %s", problem)
-                    run = by_broker.get(broker)
-                    if run is not None:
-                        run.errors.append(problem)
-                    failed = conns.pop(broker, None)
-                    if failed is not None:
-                        failed.close()  # its stream may hold half a response; the next group reconnects
-                    continue
-                if members:
-                    records += consumer_snapshot.snapshot_records(taken_ms, group, tables, members)
+                        problem = f"consumer group {group}: no snapshot this pass ({failed.cause})"
+                        log.error("collect: %s", problem)
+                        run = by_broker.get(failed.broker)
+                        if run is not None:
+                            run.errors.append(problem)
         finally:
             for conn in conns.values():
                 conn.close()
@@ -338,6 +330,33 @@ class Collector:
             durable_write(self.landing / "consumer" / f"{run_id}.jsonl",
                           "".join(ENCODE["consumer"](r) + "\n" for r in records))  # fmt: skip
             log.info("collect: %d consumer group(s) snapshot, %d records", len(groups), len(records))
+
+    def _group_records(self, group: str, brokers: dict[str, tuple[str, str]],
+                       conns: dict[str, Connection]) -> list[tuple[Any, ...]]:  # fmt: skip
+        """One group's snapshot records, all of it or `_GroupFailed` naming the broker that failed."""
+        taken_ms = int(time.time() * 1000)
+        tables: dict[str, dict[str, Any]] = {}
+        members: dict[str, consumer_snapshot.Member] = {}
+        for broker, (address, _) in sorted(brokers.items()):
+            try:
+                if broker not in conns:
+                    conns[broker] = self.connect(address)
+                connection = client.consumer_connections(conns[broker], group)
+                if connection is None:
+                    continue
+                tables[broker] = connection
+                for cid in consumer_snapshot.client_ids(connection):
+                    if cid not in members:
+                        members[cid] = client.consumer_running_info(conns[broker], group, cid)
+            except RemotingError as e:
+                raise _GroupFailed(broker, e) from e
+        return consumer_snapshot.snapshot_records(taken_ms, group, tables, members) if members else []
+
+
+class _GroupFailed(Exception):
+    def __init__(self, broker: str, cause: RemotingError) -> None:
+        super().__init__(str(cause))
+        self.broker, self.cause = broker, cause
 
 
 def _backlog(end: int | None, done: int | None) -> int | None:
