@@ -66,7 +66,7 @@ package: setup
 	$(BIN)/python -m jobs.package
 
 # Two workers, one test file each at a time, the longest files first (tests/conftest.py).
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 test: lint browser promtool airflow rocketmq
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 

@@ -86,7 +86,9 @@ def render(data: dict[str, Any]) -> str:
                  + _table("regressions", data["regressions"], total=data["regressions_total"]),
                  "One lane per consumer group, topic and queue; a circle's area is the redelivery estimate."),
         _section("Consumer groups", "groups",
-                 _table("group-members", data.get("members", []), title="Members and subscriptions (latest snapshot)")
+                 _table("deliveries", data.get("deliveries", []),
+                        title="Deliveries: what became of every message each group wants")
+                 + _table("group-members", data.get("members", []), title="Members and subscriptions (latest snapshot)")
                  + _table("conflicts", data.get("conflicts", []), title="Subscription conflicts",
                           total=data.get("conflicts_total"))
                  + _table("stranded", data.get("stranded", []), title="Stranded queues",

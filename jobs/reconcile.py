@@ -39,10 +39,18 @@ from jobs.lock import warehouse_lock
 from jobs.session import build_session
 from schemas.bronze import BRONZE
 from schemas.model import Schema
-from schemas.reconciled import ANOMALIES, LIFECYCLE_STATS_COLUMNS, OFFSET_COMMITS, RECONCILE_RUNS, TXN_LIFECYCLE
+from schemas.reconciled import (
+    ANOMALIES,
+    DELIVERIES,
+    LIFECYCLE_STATS_COLUMNS,
+    OFFSET_COMMITS,
+    RECONCILE_RUNS,
+    TXN_LIFECYCLE,
+)
 from schemas.spark import to_struct
-from transforms.anomalies import OFFSET_KEY, all_anomalies, offset_commits, offset_regressions, transaction_anomalies
+from transforms.anomalies import OFFSET_KEY, offset_commits, offset_regressions, transaction_anomalies
 from transforms.consumers import GROUP_TYPES, group_anomalies
+from transforms.deliveries import deliveries
 from transforms.frames import union_all
 from transforms.lifecycle import ID, Rules, facts, lifecycle, resolutions, resolved_offsets, up_to
 from transforms.scope import facts_of, touched_queues, touched_transactions
@@ -165,12 +173,13 @@ def ensure_outputs(spark: SparkSession, config: Config) -> str | None:
     """Create the output tables that are missing. One whose columns differ from its schema (written by an
     older version) is derived data: it is dropped and rebuilt, and the reason is returned."""
     reason = None
-    for schema in OUTPUTS:
+    for schema in (*OUTPUTS, DELIVERIES):
         table = config.table(schema.name)
         if spark.catalog.tableExists(table) and not _same_columns(spark.table(table).schema, schema):
             log.warning("  %s has other columns than this version writes; rebuilding it", table)
             spark.sql(f"DROP TABLE {table}")
-            reason = f"{schema.name} was rebuilt with new columns"
+            if schema in OUTPUTS:  # deliveries are rewritten whole by every run anyway
+                reason = f"{schema.name} was rebuilt with new columns"
         # Deletion vectors let a merge mark changed rows instead of rewriting every file holding one.
         stats = LIFECYCLE_STATS_COLUMNS if schema is TXN_LIFECYCLE else ()
         create_table(spark, config, schema, properties={"delta.enableDeletionVectors": "true"}, stats_columns=stats)
@@ -231,12 +240,15 @@ def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[st
     half, op, real, offset = (frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
     life = facts(half, resolutions(half, resolved_offsets(op)), real).transform(lifecycle(as_of, rules))
     commits_df = offset_commits(offset)
-    groups = group_anomalies(snapshots_up_to(frames, as_of), commits_df, real, frames["copy"], as_of,
-                             rules.stranded_after_ms)  # fmt: skip
+    snapshots = snapshots_up_to(frames, as_of)
+    groups = group_anomalies(snapshots, commits_df, real, frames["copy"], as_of, rules.stranded_after_ms)
+    regressions = commits_df.transform(offset_regressions(real, as_of))
+    whole = regressions.unionByName(groups)
     return {
         TXN_LIFECYCLE.name: life,
         OFFSET_COMMITS.name: commits_df,
-        ANOMALIES.name: all_anomalies(life, commits_df, real, as_of, rules).unionByName(groups),
+        ANOMALIES.name: transaction_anomalies(life, as_of, rules).unionByName(whole),
+        DELIVERIES.name: deliveries(real, snapshots, commits_df, frames["copy"], whole, as_of),
     }
 
 
@@ -258,6 +270,8 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
         _progress("offset_commits written")
         _replace(config, TXN_LIFECYCLE, life)
         _progress("txn_lifecycle written")
+        _replace(config, DELIVERIES, view[DELIVERIES.name])
+        _progress("deliveries written")
         return Written("full", reason, life.count(), commits_df.select(*OFFSET_KEY).distinct().count())
     finally:
         life.unpersist()
@@ -284,19 +298,19 @@ def incremental(
     kept = _as_left(spark, config, OFFSET_COMMITS, last).join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
     every_commit = union_all([kept.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
     snapshots = snapshots_up_to(bronze.frames, as_of)
-    found = (
-        transaction_anomalies(life, as_of, rules)
-        .unionByName(every_commit.transform(offset_regressions(real, as_of)))
-        .unionByName(
-            group_anomalies(snapshots, every_commit, real, bronze.frames["copy"], as_of, rules.stranded_after_ms)
-        )
+    # The group findings and offset regressions are recomputed whole (WHOLE_TYPES), and so are deliveries.
+    whole = every_commit.transform(offset_regressions(real, as_of)).unionByName(
+        group_anomalies(snapshots, every_commit, real, bronze.frames["copy"], as_of, rules.stranded_after_ms)
     )
+    found = transaction_anomalies(life, as_of, rules).unionByName(whole)
     merge_anomalies(spark, config, found, as_of, scope=keys)
     _progress("anomalies merged")
     _merge(spark, config, OFFSET_COMMITS, commits_q, list(OFFSET_COMMITS.names[:8]))
     _progress("offset_commits merged")
     _merge(spark, config, TXN_LIFECYCLE, life, ID)
     _progress("txn_lifecycle merged")
+    _replace(config, DELIVERIES, deliveries(real, snapshots, every_commit, bronze.frames["copy"], whole, as_of))
+    _progress("deliveries written")
     return Written("incremental", None, n_keys, n_queues)
 
 

@@ -71,7 +71,7 @@ def write_page(path: Path, data: dict[str, Any]) -> Path:
 def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
     """Everything the dashboard shows, as plain Python values."""
     names = ("txn_lifecycle", "anomalies", "dq_results", "ingest_runs", "reconcile_runs", "collect_runs",
-             "consumer_events")  # fmt: skip
+             "consumer_events", "deliveries")  # fmt: skip
     t = {n: spark.table(config.table(n)) for n in names if spark.catalog.tableExists(config.table(n))}
     if "txn_lifecycle" not in t or "anomalies" not in t:
         raise TxnReconError("no reconciled tables yet; run `txn-recon reconcile` (or `txn-recon run`) first")
@@ -101,7 +101,23 @@ def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
     data["reconcile_runs"] = _reconcile_runs(t.get("reconcile_runs"))
     data["collect_runs"] = _collect_runs(t.get("collect_runs"))
     data |= _groups(t.get("consumer_events"))
+    data["deliveries"] = _deliveries(t.get("deliveries"))
     return data
+
+
+def _deliveries(deliveries: DataFrame | None) -> list[dict[str, Any]]:
+    """Per group: the messages it wants and what became of them (the README's query of the same)."""
+    if deliveries is None:
+        return []
+    status = F.col("status")
+    per_group = deliveries.groupBy("consumer_group").agg(
+        F.count(F.lit(1)).alias("wanted"),
+        *(F.count(F.when(status == s, 1)).alias(s.lower()) for s in ("CONSUMED", "DEAD_LETTERED", "UNDELIVERED",
+                                                                      "PENDING")),
+        F.max("pending_ms").alias("oldest_pending_ms"), F.sum("retries").alias("retries"),
+        F.sum("duplicates_expected").alias("duplicates_expected"),
+    )  # fmt: skip
+    return _rows(per_group.orderBy("consumer_group"), per_group.columns, ROWS)
 
 
 def _anomaly_tables(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:

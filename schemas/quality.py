@@ -14,7 +14,7 @@ from typing import Any
 from schemas.bronze import BRONZE
 from schemas.landing import COPY_KINDS, HALF_TOPIC_OF_OP, OP_BODY_CHARS, OP_BODY_EMPTY_ITEM
 from schemas.model import Field, Schema
-from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, TXN_LIFECYCLE
+from schemas.reconciled import ANOMALIES, DELIVERIES, OFFSET_COMMITS, TXN_LIFECYCLE
 
 # Epoch milliseconds a RocketMQ timestamp may hold: not before 1970, not after 2100.
 TIME_RANGE = (0, 4_102_444_800_000)
@@ -22,9 +22,11 @@ TIME_COLUMNS = frozenset({"store_timestamp", "born_timestamp", "commit_timestamp
 NON_NEGATIVE = frozenset({
     "queue_id", "queue_offset", "commit_log_offset", "real_queue_id", "check_immunity_seconds",
     "prepared_queue_offset", "prepared_transaction_offset", "body_size", "reconsume_times", "offset", "seq",
-    "copies", "check_times", "commit_count", "first_commit_queue_id", "first_commit_queue_offset",
+    "copies", "check_times", "commit_count", "first_commit_queue_id", "first_commit_queue_offset", "retries",
+    "duplicates_expected", "pending_ms",
 })  # fmt: skip
 
+DELIVERY_STATUSES = ("CONSUMED", "DEAD_LETTERED", "UNDELIVERED", "PENDING")
 STATES = ("COMMITTED", "ROLLED_BACK", "DISCARDED", "PENDING")
 DISCARD_REASONS = ("MAX_CHECKS", "EXPIRED")
 ANOMALY_TYPES = (
@@ -116,6 +118,7 @@ def suites(check_max: int) -> tuple[Suite, ...]:
         _e(in_set, column="reason", value_set=list(ANOMALY_REASONS)),
         _e("column_values_to_be_json_parseable", column="detail"),
     )
+    deliveries = (_e(in_set, column="status", value_set=list(DELIVERY_STATUSES)),)
     return (
         Suite(half.name, "bronze", contract(half) + half_rows, half.key),
         Suite(op.name, "bronze", contract(op) + op_body, op.key),
@@ -126,6 +129,7 @@ def suites(check_max: int) -> tuple[Suite, ...]:
         Suite(TXN_LIFECYCLE.name, "silver", contract(TXN_LIFECYCLE) + lifecycle),
         Suite(OFFSET_COMMITS.name, "silver", contract(OFFSET_COMMITS)),
         Suite(ANOMALIES.name, "gold", contract(ANOMALIES) + anomalies),
+        Suite(DELIVERIES.name, "gold", contract(DELIVERIES) + deliveries),
         Suite("op_references", "cross", (_problems("every half offset an op lists is a known half copy"),)),
         Suite("commit_references", "cross", (_problems("every commit's prepared offset is a half copy"),)),
         Suite("lifecycle_totals", "cross", (_problems("lifecycle counts add up to the half and real counts"),)),

@@ -94,3 +94,26 @@ RECONCILE_RUNS = Schema(
     ),
     key=("run_id",),
 )
+
+# Gold: what became of each stored business message in each group that wants it (transforms/deliveries.py).
+# Rewritten whole by every reconcile run, as of its as_of.
+DELIVERIES = Schema(
+    "deliveries",
+    (
+        Field("consumer_group", "string"),
+        Field("broker_name", "string"),
+        Field("topic", "string"),
+        Field("queue_id", "int"),
+        Field("queue_offset", "long"),
+        Field("uniq_key", "string", nullable=True),
+        Field("transaction_id", "string", nullable=True, doc="set on a transaction's committed message"),
+        Field("tags", "string", nullable=True),
+        Field("store_timestamp", "long"),
+        Field("status", "string", doc="CONSUMED, DEAD_LETTERED, UNDELIVERED or PENDING"),
+        Field("retries", "int", doc="copies the group's consumers sent back to %RETRY% before this status"),
+        Field("duplicates_expected", "int", doc="hand-offs and offset regressions that deliver it again"),
+        Field("pending_ms", "long", nullable=True, doc="its age at as_of while PENDING"),
+        Field("as_of", "long"),
+    ),
+    key=("consumer_group", "broker_name", "topic", "queue_id", "queue_offset"),
+)

@@ -23,6 +23,7 @@ from transforms.consumers import (
     subscription_conflicts,
     undelivered,
 )
+from transforms.deliveries import deliveries
 
 pytestmark = pytest.mark.spark
 T = 1_000_000
@@ -242,3 +243,53 @@ def test_a_dlq_copy_is_dead_lettered_with_its_original_queue_and_transaction(spa
                      "origin_broker": "b", "origin_queue_offset": 7, "transaction_id": "tx-1", "transactional": True,
                      "origin_message_id": "M1"}  # fmt: skip
     assert (second["origin_queue_offset"], second["transactional"], second.get("transaction_id")) == (3, False, None)
+
+
+def test_deliveries_say_what_became_of_every_wanted_message_in_every_group(spark: SparkSession) -> None:
+    """Group g: A holds t:0 and B t:1 as in the tag test above, with t:1 committed up to 4 only; message t:1:1
+    failed until the DLQ after two retries; an offset regression rewound t:1 from 4 to 2. Group h was never
+    snapshot but commits t:0 up to 3, so it wants all of t."""
+    rows = [r for k in range(3) for r in tagged(k, (0,), (1,))]
+    commits = [("t", 0, 6, T + 5_000, "A", 1), ("t", 1, 4, T + 5_000, "B", 2)]
+    cons, commits_df, real = frames(spark, rows, commits, {("t", 0): 6, ("t", 1): 6})
+    real = real.selectExpr("*", "concat_ws(':', topic, queue_id, queue_offset) AS uniq_key",
+                           "CAST(NULL AS STRING) AS transaction_id")  # fmt: skip
+    h = offset_commits(spark.createDataFrame([("b", "h", "t", 0, 3, T, "C", 1)], OFFSET))
+    copy = spark.createDataFrame([
+        ("b", "%RETRY%g", 0, 0, T + 50, "g", "retry", "t", "t:1:1", 1),
+        ("b", "%RETRY%g", 0, 1, T + 60, "g", "retry", "t", "t:1:1", 2),
+        ("b", "%DLQ%g", 0, 0, T + 70, "g", "dead_letter", "t", "t:1:1", 3),
+    ], "broker_name string, topic string, queue_id int, queue_offset long, store_timestamp long, "
+       "consumer_group string, kind string, origin_topic string, uniq_key string, reconsume_times int")  # fmt: skip
+    rewind = spark.createDataFrame([("OFFSET_REGRESSION", "g", "b", "t", 1, json.dumps({"from_offset": 4,
+                                                                                        "to_offset": 2}))],
+                                   "anomaly_type string, consumer_group string, broker_name string, topic string, "
+                                   "queue_id int, detail string")  # fmt: skip
+    got = deliveries(real, cons, commits_df.unionByName(h), copy, rewind, AS_OF)
+    table = {(r["consumer_group"], r["queue_id"], r["queue_offset"]): r for r in got.collect()}
+    status = {k: r["status"] for k, r in table.items()}
+    assert {k[2]: v for k, v in status.items() if k[:2] == ("g", 0)} == dict.fromkeys(range(6), "UNDELIVERED")
+    assert {k[2]: v for k, v in status.items() if k[:2] == ("g", 1)} == {
+        0: "UNDELIVERED",
+        1: "DEAD_LETTERED",
+        2: "UNDELIVERED",
+        3: "CONSUMED",
+        4: "PENDING",
+        5: "PENDING",
+    }
+    assert {k[1:]: v for k, v in status.items() if k[0] == "h"} == {
+        **{(0, o): "CONSUMED" if o < 3 else "PENDING" for o in range(6)},
+        **{(1, o): "PENDING" for o in range(6)},
+    }
+    assert [(k, r["retries"]) for k, r in table.items() if r["retries"]] == [(("g", 1, 1), 2)]
+    assert sorted(k for k, r in table.items() if r["duplicates_expected"]) == [("g", 1, 2), ("g", 1, 3)]
+    assert {r["pending_ms"] for r in table.values() if r["status"] == "PENDING"} == {AS_OF - T}
+    assert all(r["pending_ms"] is None for r in table.values() if r["status"] != "PENDING")
+    # Nothing a group does not want: with only TagA wanted, g's rows are the A messages.
+    only_a = [r for k in range(3) for r in (sub(k, "A", "t", "TagA"), sub(k, None, "t", "TagA", broker="b"),
+                                            held(k, "A", "t", 0, 0), held(k, "A", "t", 1, 0))]  # fmt: skip
+    cons_a = spark.createDataFrame(only_a, to_struct(CONSUMER))
+    rows_a = deliveries(real, cons_a, commits_df, copy.limit(0), rewind.limit(0), AS_OF).collect()
+    assert sorted((r["queue_id"], r["queue_offset"], r["status"]) for r in rows_a) == [
+        (q, o, "CONSUMED" if o < (6 if q == 0 else 4) else "PENDING") for q in (0, 1) for o in (0, 2, 4)
+    ]

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 
 from jobs.config import Config
 from jobs.reconcile import TIME, full_view, read_bronze, reconcile, rules_from
-from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, TXN_LIFECYCLE
+from schemas.reconciled import ANOMALIES, DELIVERIES, OFFSET_COMMITS, TXN_LIFECYCLE
 from tests.test_ingest import fresh_db, ingest, make_landing, version
 
 pytestmark = pytest.mark.spark
@@ -50,7 +50,7 @@ def test_incremental_runs_equal_a_full_recompute_on_chaos(spark: SparkSession, c
     parts = _deliveries(source, cuts=[0.45, 0.7, 1.0], late_share=0.05, seed=7)
     cfg = fresh_db(spark, config, "t_incremental")
     rules = rules_from(cfg)
-    outputs = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES)
+    outputs = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES, DELIVERIES)
     for step, part in enumerate(parts, 1):
         for s, lines in part.items():
             (landing / s).mkdir(parents=True, exist_ok=True)

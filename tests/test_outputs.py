@@ -125,6 +125,11 @@ def test_dashboard_renders_in_headless_chromium(shipped: Shipped, spark: SparkSe
                             ("conflicts", "SUBSCRIPTION_CONFLICT"), ("dead_letters", "DEAD_LETTERED")):  # fmt: skip
             ids = {c.text for c in driver.find_elements(By.CSS_SELECTOR, f"#{table} td.key") if len(c.text) == 64}
             assert ids and ids == {a["anomaly_id"] for a in anomalies if a["anomaly_type"] == kind}, table
+        # Deliveries: per group, the messages it wants, as the table holds them.
+        wanted = Counter(r["consumer_group"] for r in shipped.table(spark, "deliveries"))
+        trs = driver.find_elements(By.CSS_SELECTOR, "#deliveries tr")
+        shown_rows = [r.find_elements(By.TAG_NAME, "td") for r in trs]
+        assert wanted and {c[0].text: int(c[1].get_attribute("data-v") or "") for c in shown_rows if c} == wanted
         members = {r["client_id"] for r in shipped.table(spark, "consumer_events") if r["client_id"]}
         shown_members = {c.text for c in driver.find_elements(By.CSS_SELECTOR, "#group-members td")}
         assert shown_members & members

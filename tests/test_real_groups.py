@@ -49,7 +49,9 @@ RETRIED, FAILED = 10, 3  # CG_RETRY's plain messages, and how many of them (R-0.
 DELAY_LEVELS = "messageDelayLevel=" + " ".join(["1s"] * 18)  # a send-back waits 1 s, not 10 s and more
 
 
-Counts = dict[str, dict[str, int]]  # the conflict's "sent" and "consumed" messages per "topic:queue"
+# The conflict's "sent" and "consumed" messages per "topic:queue", and "consumed_in_the_end": once its members
+# left (the first to go hands its queues to the other).
+Counts = dict[str, dict[str, int]]
 Records = list[dict[str, Any]]
 Stories = tuple[Counts, Records, dict[str, str], Records, Records]
 
@@ -176,9 +178,11 @@ def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, hom
     members = {r["member"]: r["client_id"] for n in out for r in _lines(out[n]) if r["kind"] == "member"}
     consumed = [r for n in out for r in _lines(out[n]) if r["kind"] == "consumed"]
     [conflict_line] = [r for r in _lines(root / "conflict.jsonl") if r["kind"] == "conflict"]
+    [end_line] = [r for r in _lines(root / "conflict.jsonl") if r["kind"] == "conflict_end"]
     tagged = [r for r in _lines(root / "tags.jsonl") if r["kind"] in ("tagged", "received")]
     retried = [r for r in _lines(root / "retry.jsonl") if r["kind"] in ("retry_sent", "attempt")]
-    return {k: conflict_line[k] for k in ("sent", "consumed")}, consumed, members, tagged, retried
+    counts = {k: conflict_line[k] for k in ("sent", "consumed")} | {"consumed_in_the_end": end_line["consumed"]}
+    return counts, consumed, members, tagged, retried
 
 
 def _found(spark: SparkSession, played: Played, kind: str, group: str) -> list[dict[str, Any]]:
@@ -293,3 +297,52 @@ def test_messages_failed_until_the_dlq_are_dead_lettered_and_their_copies_are_no
     commits = spark.table(played.cfg.table("anomalies")).where(
         "anomaly_type IN ('DUPLICATE_COMMIT', 'ORPHANED_COMMIT')")  # fmt: skip
     assert commits.count() == 0
+
+
+def test_deliveries_add_up_to_what_each_group_received(spark: SparkSession, played: Played) -> None:
+    """Per group and message, the deliveries table against what the members actually received: consumed only
+    what some member received, undelivered only what none did; where a story waited for its group to catch
+    up, exactly. The README's totals per group say the same."""
+    keys = {r["uniq_key"]: r["keys"] for r in spark.table(played.cfg.table("real_events")).collect()}
+    rows = spark.table(played.cfg.table("deliveries")).collect()
+    status: dict[str, dict[str, set[str]]] = {}
+    for r in rows:
+        status.setdefault(r["consumer_group"], {}).setdefault(r["status"], set()).add(keys[r["uniq_key"]])
+
+    sent = {r["key"] for r in played.tags if r["kind"] == "tagged"}
+    received = {g: {r["key"] for r in played.tags if r["kind"] == "received" and r["group"] == g}
+                for g in ("CG_TAGS", "CG_OK")}  # fmt: skip
+    assert status["CG_TAGS"] == {"CONSUMED": received["CG_TAGS"], "UNDELIVERED": sent - received["CG_TAGS"]}
+    assert status["CG_OK"] == {"CONSUMED": received["CG_OK"]}  # the seeds too: `*` wants them
+
+    failed = {f"R-{i}" for i in range(FAILED)} | {"R-txn"}
+    attempted = {r["key"] for r in played.retry if r["kind"] == "attempt"}
+    assert status["CG_RETRY"] == {"CONSUMED": attempted - failed, "DEAD_LETTERED": failed}
+    retries = {keys[r["uniq_key"]]: r["retries"] for r in rows if r["consumer_group"] == "CG_RETRY"}
+    assert retries == {k: 2 if k in failed else 0 for k in attempted}
+
+    handoff = {r["key"] for r in played.consumed}
+    assert status["CG_HANDOFF"]["CONSUMED"] <= handoff and not set(status["CG_HANDOFF"]) - {"CONSUMED", "PENDING"}
+    twice = sum(n - 1 for n in Counter(r["key"] for r in played.consumed).values())
+    assert sum(r["duplicates_expected"] for r in rows if r["consumer_group"] == "CG_HANDOFF") == twice
+
+    conflict = Counter((r["topic"], r["queue_id"], r["status"]) for r in rows if r["consumer_group"] == "CG_CONFLICT")
+    for queue, sent_to in played.conflict["sent"].items():
+        topic, queue_id = queue.split(":")
+        consumed, pending = conflict[(topic, int(queue_id), "CONSUMED")], conflict[(topic, int(queue_id), "PENDING")]
+        got = played.conflict["consumed_in_the_end"].get(queue, 0)
+        assert consumed <= got and consumed + pending == sent_to, (queue, got, conflict)
+
+    totals = spark.sql(_readme_query("FROM txn_recon.deliveries\nGROUP BY", played)).collect()
+    n = Counter((r["consumer_group"], r["status"]) for r in rows)
+    for t in totals:
+        g = t["consumer_group"]
+        assert [t["wanted"], t["consumed"], t["dead_lettered"], t["undelivered"], t["pending"]] == [
+            sum(v for (h, _), v in n.items() if h == g),
+            *(n[(g, s)] for s in ("CONSUMED", "DEAD_LETTERED", "UNDELIVERED", "PENDING"))]  # fmt: skip
+    assert {t["consumer_group"] for t in totals} >= {"CG_TAGS", "CG_OK", "CG_RETRY", "CG_HANDOFF", "CG_CONFLICT"}
+    # What each group did with the transaction's message, by its transaction id.
+    txn = next(r for r in played.retry if r["kind"] == "retry_sent" and r["key"] == "R-txn")["transaction_id"]
+    query = _readme_query("WHERE transaction_id =", played).replace("7F0000012A3B...", txn)
+    assert [(r["consumer_group"], r["status"], r["retries"]) for r in spark.sql(query).collect()] == [
+        ("CG_RETRY", "DEAD_LETTERED", 2)]  # fmt: skip

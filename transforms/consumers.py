@@ -255,17 +255,10 @@ def filters(consumer_df: DataFrame) -> DataFrame:
     )  # fmt: skip
 
 
-def undelivered(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int) -> DataFrame:
-    """UNDELIVERED: between two consecutive snapshots of a group, the messages of a queue that the committed
-    offset passed, that some member's expression wants, and that the broker's table or the holder's own
-    expression refused (cause TAG_FILTER). One finding per queue and run of consecutive snapshots in which a
-    filter of the queue could refuse a message, if it did; the event is the first snapshot before a loss.
-
-    The filters that applied in between are the ones both snapshots show; `exact` says they agree. When
-    they differ (a hand-off, a new table) `messages` counts what every candidate refuses and `at_most`
-    what any refuses. Detail: messages, at_most, exact, first and last offset, refused_by (broker, member),
-    the filters (holder and both expressions), since, until, ongoing. Messages passed before a group's
-    first snapshot are not judged: nothing shows the filters then."""
+def _refusals(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """The windows (two consecutive snapshots of a group and a queue a filter could refuse on) and, per
+    window, each message the committed offset passed that some member wanted and some filter refused:
+    `_every` when every filter the window may have had refuses it."""
     candidates = filters(consumer_df)
     can_refuse = ~(takes_all(F.col("member_expression")) & takes_all(F.col("broker_expression")))
     snaps = snapshots(consumer_df).where(F.col("next_ts").isNotNull())
@@ -307,6 +300,27 @@ def undelivered(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: D
         .withColumn("_every", F.col("_lost") == F.size("_judged"))
         .withColumn("_refused_by", F.transform(lost, lambda j: F.when(~j["broker"], "broker").otherwise("member")))
     )  # fmt: skip
+    return windows, per_message
+
+
+def refused_messages(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame) -> DataFrame:
+    """(consumer_group, queue, queue_offset): the messages UNDELIVERED counts, those every filter refused."""
+    _, per_message = _refusals(consumer_df, offset_commits_df, real_df)
+    return per_message.where("_every").select("consumer_group", *QUEUE, "queue_offset").distinct()
+
+
+def undelivered(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int) -> DataFrame:
+    """UNDELIVERED: between two consecutive snapshots of a group, the messages of a queue that the committed
+    offset passed, that some member's expression wants, and that the broker's table or the holder's own
+    expression refused (cause TAG_FILTER). One finding per queue and run of consecutive snapshots in which a
+    filter of the queue could refuse a message, if it did; the event is the first snapshot before a loss.
+
+    The filters that applied in between are the ones both snapshots show; `exact` says they agree. When
+    they differ (a hand-off, a new table) `messages` counts what every candidate refuses and `at_most`
+    what any refuses. Detail: messages, at_most, exact, first and last offset, refused_by (broker, member),
+    the filters (holder and both expressions), since, until, ongoing. Messages passed before a group's
+    first snapshot are not judged: nothing shows the filters then."""
+    windows, per_message = _refusals(consumer_df, offset_commits_df, real_df)
     per_window = (
         per_message.groupBy("consumer_group", "snapshot_ts", "next_ts", "k", "latest", *QUEUE)
         .agg(

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TIME = {"half": "store_timestamp", "op": "store_timestamp", "real": "store_timestamp", "offset": "commit_timestamp"}
 TAIL_SHARE = 0.01
 DONE = re.compile(r"reconcile done: (\w+), (\d+) transactions, (\d+) queues \(([\d.]+) s\)")
+STEP = re.compile(r"(\w+) (?:written|merged) \(([\d.]+) s\)")  # reconcile's progress: a table done, seconds in
 
 
 def landing_for(n: int) -> tuple[Path, Path, dict[str, int]]:
@@ -80,8 +81,12 @@ def stage(name: str, cmd: list[str], items: int, unit: str) -> dict[str, Any]:
         job_s, touched = float(done[4]), int(done[2])
         figure |= {"mode": done[1], "transactions_computed": touched, "queues": int(done[3]), "job_s": job_s,
                    "transactions_per_s_in_job": round(items / job_s)}  # fmt: skip
+    steps = dict(STEP.findall(err))
+    if "deliveries" in steps:  # the deliveries table, written last: its own seconds within the job
+        figure["deliveries_s"] = round(float(steps["deliveries"]) - float(steps["txn_lifecycle"]), 1)
     print(f"  {name:<22} {figure['wall_s']:>8.1f} s  {figure[f'{unit}_per_s']:>10,} {unit}/s  "
-          f"peak {peak:,} MiB" + (f"  (in job {figure['job_s']:.1f} s, {figure['mode']})" if done else ""),
+          f"peak {peak:,} MiB" + (f"  (in job {figure['job_s']:.1f} s, {figure['mode']})" if done else "")
+          + (f", of which deliveries {figure['deliveries_s']:.1f} s" if "deliveries_s" in figure else ""),
           flush=True)  # fmt: skip
     return figure
 

@@ -411,8 +411,9 @@ public final class Scenario {
         Thread.sleep(seconds * 1000L);
         out.println("{\"kind\":\"conflict\",\"sent\":" + json(sent) + ",\"consumed\":" + json(seen) + "}");
         for (DefaultMQPushConsumer c : members) {
-            c.shutdown();
+            c.shutdown();  // the first to leave hands its queues to the other, which may consume them first
         }
+        out.println("{\"kind\":\"conflict_end\",\"consumed\":" + json(seen) + "}");
         p.shutdown();
     }
 

@@ -1,0 +1,116 @@
+"""The deliveries table (DESIGN §2, "Every committed message, in every group that subscribes to it"): one row
+per stored business message and consumer group that wants it, with what became of it in that group.
+
+A group wants a message when, at its latest snapshot, some member subscribes the message's topic with an
+expression its tag matches (RocketMQ's tag rule, `consumers.tag_matches`). A group that commits offsets on
+a topic but was never snapshot (offsets read from a store alone) is taken to want all of it.
+
+Status, first that holds:
+- DEAD_LETTERED: the group's consumers failed it until the broker parked a copy in `%DLQ%<group>`.
+- UNDELIVERED: the committed offset passed it while every filter that applied refused it (UNDELIVERED).
+- CONSUMED: the group's committed offset is past it (after `retries` send-backs, if any).
+- PENDING: not passed yet; `pending_ms` is its age at `as_of`.
+So for every group: stored and wanted = consumed + dead-lettered + undelivered + pending.
+
+`duplicates_expected` counts the windows that deliver it to the group again: hand-offs whose new holder
+restarts below it (REDELIVERY_AT_HANDOFF) and committed offsets that went back past it (OFFSET_REGRESSION).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from transforms.consumers import QUEUE, refused_messages, tag_matches
+
+MESSAGE = [*QUEUE, "queue_offset"]
+# The findings that deliver messages again, and where their window [low, high) is in their detail.
+REDELIVERING = {
+    "REDELIVERY_AT_HANDOFF": ("from_offset", "to_offset"),
+    "OFFSET_REGRESSION": ("to_offset", "from_offset"),
+}
+
+
+def wanted(consumer_df: DataFrame, offset_commits_df: DataFrame) -> DataFrame:
+    """(consumer_group, topic, expressions): what each group's members subscribe per topic at its latest
+    snapshot; null expressions for a group with committed offsets on the topic and no snapshot."""
+    latest = consumer_df.groupBy("consumer_group").agg(F.max("snapshot_ts").alias("snapshot_ts"))
+    own = consumer_df.where((F.col("kind") == "subscription") & F.col("client_id").isNotNull())
+    subscribed = (
+        own.join(latest, on=["consumer_group", "snapshot_ts"], how="left_semi")
+        .groupBy("consumer_group", "topic")
+        .agg(F.sort_array(F.collect_set(F.coalesce("expression", F.lit("*")))).alias("expressions"))
+    )  # fmt: skip
+    unseen = (
+        offset_commits_df.select("consumer_group", "topic").distinct()
+        .join(latest, on="consumer_group", how="left_anti")
+        .withColumn("expressions", F.lit(None).cast("array<string>"))
+    )  # fmt: skip
+    return subscribed.unionByName(unseen)
+
+
+def committed_offsets(offset_commits_df: DataFrame) -> DataFrame:
+    """(consumer_group, queue, committed): each group's last committed offset per queue."""
+    last = Window.partitionBy("consumer_group", *QUEUE).orderBy(F.desc("commit_timestamp"), F.desc_nulls_last("seq"))
+    return (
+        offset_commits_df.withColumn("_n", F.row_number().over(last)).where("_n = 1")
+        .select("consumer_group", *QUEUE, F.col("offset").alias("committed"))
+    )  # fmt: skip
+
+
+def redelivery_windows(findings_df: DataFrame) -> DataFrame:
+    """(consumer_group, queue, low, high): the offsets each redelivering finding delivers again."""
+    parts = [
+        findings_df.where(F.col("anomaly_type") == kind).select(
+            "consumer_group", *QUEUE,
+            F.get_json_object("detail", f"$.{low}").cast("long").alias("low"),
+            F.get_json_object("detail", f"$.{high}").cast("long").alias("high"),
+        )
+        for kind, (low, high) in REDELIVERING.items()
+    ]  # fmt: skip
+    return parts[0].unionByName(parts[1]).where(F.col("low") < F.col("high"))
+
+
+def deliveries(real_df: DataFrame, consumer_df: DataFrame, offset_commits_df: DataFrame, copy_df: DataFrame,
+               findings_df: DataFrame, as_of: int) -> DataFrame:  # fmt: skip
+    """The deliveries table as of `as_of` from the stored messages, the group snapshots, the committed offsets,
+    the consumer copies and the group findings, each up to `as_of`."""
+    by_topic = wanted(consumer_df, offset_commits_df)
+    messages = real_df.select(*MESSAGE, "uniq_key", "transaction_id", "tags", "store_timestamp")
+    wants = F.col("expressions").isNull() | F.exists("expressions", lambda e: tag_matches(e, F.col("tags")))
+    rows = messages.join(F.broadcast(by_topic), on="topic").where(wants).drop("expressions")
+
+    copies = copy_df.where(F.col("store_timestamp") <= as_of).select(
+        "consumer_group", F.col("origin_topic").alias("topic"), "uniq_key", "kind", "reconsume_times"
+    )
+    fates = copies.groupBy("consumer_group", "topic", "uniq_key").agg(
+        F.countDistinct(F.when(F.col("kind") == "retry", F.col("reconsume_times"))).alias("retries"),
+        F.max((F.col("kind") == "dead_letter").cast("int")).cast("boolean").alias("dead"),
+    )
+    refused = refused_messages(consumer_df, offset_commits_df, real_df).withColumn("refused", F.lit(True))
+    windows = redelivery_windows(findings_df)
+    again = (
+        F.broadcast(windows).join(messages.select(*MESSAGE), on=QUEUE)
+        .where((F.col("queue_offset") >= F.col("low")) & (F.col("queue_offset") < F.col("high")))
+        .groupBy("consumer_group", *MESSAGE).agg(F.count(F.lit(1)).alias("duplicates_expected"))
+    )  # fmt: skip
+
+    joined = (
+        rows.join(committed_offsets(offset_commits_df), on=["consumer_group", *QUEUE], how="left")
+        .join(fates, on=["consumer_group", "topic", "uniq_key"], how="left")
+        .join(refused, on=["consumer_group", *MESSAGE], how="left")
+        .join(again, on=["consumer_group", *MESSAGE], how="left")
+    )
+    status = (
+        F.when(F.coalesce("dead", F.lit(False)), "DEAD_LETTERED")
+        .when(F.coalesce("refused", F.lit(False)), "UNDELIVERED")
+        .when(F.col("queue_offset") < F.coalesce("committed", F.lit(-1)), "CONSUMED")
+        .otherwise("PENDING")
+    )
+    return joined.withColumn("status", status).select(
+        "consumer_group", *MESSAGE, "uniq_key", "transaction_id", "tags", "store_timestamp", "status",
+        F.coalesce("retries", F.lit(0)).cast("int").alias("retries"),
+        F.coalesce("duplicates_expected", F.lit(0)).cast("int").alias("duplicates_expected"),
+        F.when(F.col("status") == "PENDING", F.lit(as_of) - F.col("store_timestamp")).alias("pending_ms"),
+        F.lit(as_of).alias("as_of"),
+    )  # fmt: skip
