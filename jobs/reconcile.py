@@ -242,8 +242,8 @@ def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[st
     commits_df = offset_commits(offset)
     snapshots = snapshots_up_to(frames, as_of)
     groups = group_anomalies(snapshots, commits_df, real, frames["copy"], as_of, rules.stranded_after_ms)
-    regressions = commits_df.transform(offset_regressions(real, as_of))
-    whole = regressions.unionByName(groups)
+    # Findings are few, and both the anomalies and the deliveries read them: computed once, kept.
+    whole = commits_df.transform(offset_regressions(real, as_of)).unionByName(groups).localCheckpoint()
     return {
         TXN_LIFECYCLE.name: life,
         OFFSET_COMMITS.name: commits_df,
@@ -299,9 +299,12 @@ def incremental(
     every_commit = union_all([kept.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
     snapshots = snapshots_up_to(bronze.frames, as_of)
     # The group findings and offset regressions are recomputed whole (WHOLE_TYPES), and so are deliveries.
-    whole = every_commit.transform(offset_regressions(real, as_of)).unionByName(
-        group_anomalies(snapshots, every_commit, real, bronze.frames["copy"], as_of, rules.stranded_after_ms)
-    )
+    whole = (
+        every_commit.transform(offset_regressions(real, as_of))
+        .unionByName(group_anomalies(snapshots, every_commit, real, bronze.frames["copy"], as_of,
+                                     rules.stranded_after_ms))
+        .localCheckpoint()
+    )  # fmt: skip
     found = transaction_anomalies(life, as_of, rules).unionByName(whole)
     merge_anomalies(spark, config, found, as_of, scope=keys)
     _progress("anomalies merged")

@@ -35,6 +35,11 @@ class Metrics:
         self.undelivered = Gauge("txn_recon_undelivered_messages", "Messages a group wanted that its committed "
                                  "offset passed while a tag filter refused them (UNDELIVERED)", ["group"],
                                  registry=r)  # fmt: skip
+        self.deliveries = Gauge("txn_recon_deliveries", "Messages each group wants, by what became of them "
+                                "(the deliveries table)", ["group", "status"], registry=r)  # fmt: skip
+        self.oldest_pending = Gauge("txn_recon_oldest_pending_delivery_seconds", "Age at the data time of the "
+                                    "oldest message a group wants and has not consumed", ["group"],
+                                    registry=r)  # fmt: skip
         self.stuck = Gauge("txn_recon_pending_transactions", "Transactions still pending at the data time, at least "
                            "this old", ["older_than"], registry=r)  # fmt: skip
         self.check_backlog = Gauge("txn_recon_check_backlog", "Half messages the broker's check service has not "
@@ -94,6 +99,7 @@ class Metrics:
         ).collect()[0]  # fmt: skip
         for label in STUCK_AGES:
             self.stuck.labels(label).set(pending[label])
+        self._read_deliveries(spark, config)
         if spark.catalog.tableExists(config.table("collect_runs")):
             latest = (spark.table(config.table("collect_runs")).where("broker_name IS NOT NULL")
                       .groupBy("broker_name").agg(F.max_by(F.struct("check_backlog", "op_backlog"), "started_at")
@@ -105,6 +111,18 @@ class Metrics:
                     self.check_backlog.labels(r["broker_name"]).set(r["b"]["check_backlog"])
                 if r["b"]["op_backlog"] is not None:
                     self.op_backlog.labels(r["broker_name"]).set(r["b"]["op_backlog"])
+
+    def _read_deliveries(self, spark: SparkSession, config: Config) -> None:
+        self.deliveries.clear()
+        self.oldest_pending.clear()
+        if not spark.catalog.tableExists(config.table("deliveries")):
+            return
+        rows = (spark.table(config.table("deliveries")).groupBy("consumer_group", "status")
+                .agg(F.count(F.lit(1)).alias("n"), F.max("pending_ms").alias("oldest")).collect())  # fmt: skip
+        for r in rows:
+            self.deliveries.labels(r["consumer_group"], r["status"]).set(r["n"])
+            if r["oldest"] is not None:
+                self.oldest_pending.labels(r["consumer_group"]).set(r["oldest"] / 1000)
 
 
 @dataclass

@@ -147,6 +147,10 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
                            "txn_recon.txn_lifecycle l CROSS JOIN (SELECT max(as_of) AS as_of FROM "
                            "txn_recon.reconcile_runs) r WHERE l.state = 'PENDING'")  # fmt: skip
     assert metric(text, "txn_recon_pending_transactions")['{older_than="1m"}'] == int(pending["old"]) > 0
+    delivered = {(r["consumer_group"], r["status"]): int(r["n"]) for r in served.sql(
+        "SELECT consumer_group, status, count(*) AS n FROM txn_recon.deliveries GROUP BY 1, 2")}  # fmt: skip
+    shown = {tuple(re.findall(r'="([^"]*)"', k)): v for k, v in metric(text, "txn_recon_deliveries").items()}
+    assert delivered and shown == delivered
     lags = metric(text, "txn_recon_op_lag_seconds")
     assert list(lags) == ['{quantile="0.5"}', '{quantile="0.99"}', '{quantile="1"}'], lags
     assert 0 <= lags['{quantile="0.5"}'] <= lags['{quantile="0.99"}'] <= lags['{quantile="1"}']
