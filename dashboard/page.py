@@ -13,7 +13,7 @@ from html import escape
 from typing import Any
 
 from dashboard.charts import stacked_bars, time_label, timeline
-from schemas.quality import ANOMALY_TYPES
+from schemas.quality import ANOMALY_TYPES, DELIVERY_STATUSES
 
 STATE_ORDER = ("COMMITTED", "ROLLED_BACK", "DISCARDED", "PENDING")
 
@@ -88,6 +88,8 @@ def render(data: dict[str, Any]) -> str:
         _section("Consumer groups", "groups",
                  _table("deliveries", data.get("deliveries", []),
                         title="Deliveries: what became of every message each group wants")
+                 + "".join(over_time_chart(f"{group}: messages by status, by store time", over_time, DELIVERY_STATUSES)
+                           for group, over_time in data.get("deliveries_over_time", {}).items())
                  + _table("group-members", data.get("members", []), title="Members and subscriptions (latest snapshot)")
                  + _table("conflicts", data.get("conflicts", []), title="Subscription conflicts",
                           total=data.get("conflicts_total"))

@@ -102,6 +102,11 @@ def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
     data["collect_runs"] = _collect_runs(t.get("collect_runs"))
     data |= _groups(t.get("consumer_events"))
     data["deliveries"] = _deliveries(t.get("deliveries"))
+    data["deliveries_over_time"] = {
+        r["consumer_group"]: _over_time(t["deliveries"].where(F.col("consumer_group") == r["consumer_group"]),
+                                        F.col("store_timestamp"), "status")
+        for r in data["deliveries"]
+    }  # fmt: skip
     return data
 
 

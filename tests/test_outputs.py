@@ -130,6 +130,8 @@ def test_dashboard_renders_in_headless_chromium(shipped: Shipped, spark: SparkSe
         trs = driver.find_elements(By.CSS_SELECTOR, "#deliveries tr")
         shown_rows = [r.find_elements(By.TAG_NAME, "td") for r in trs]
         assert wanted and {c[0].text: int(c[1].get_attribute("data-v") or "") for c in shown_rows if c} == wanted
+        charts = {c.get_attribute("aria-label") for c in driver.find_elements(By.CSS_SELECTOR, "#groups svg.chart")}
+        assert {g for g in wanted if any(str(c).startswith(f"{g}: messages by status") for c in charts)} == set(wanted)
         members = {r["client_id"] for r in shipped.table(spark, "consumer_events") if r["client_id"]}
         shown_members = {c.text for c in driver.find_elements(By.CSS_SELECTOR, "#group-members td")}
         assert shown_members & members
