@@ -49,7 +49,7 @@ from schemas.reconciled import (
 )
 from schemas.spark import to_struct
 from transforms.anomalies import OFFSET_KEY, offset_commits, offset_regressions, transaction_anomalies
-from transforms.consumers import GROUP_TYPES, group_anomalies
+from transforms.consumers import GROUP_TYPES, group_anomalies, refusals
 from transforms.deliveries import deliveries
 from transforms.frames import union_all
 from transforms.lifecycle import ID, Rules, facts, lifecycle, resolutions, resolved_offsets, up_to
@@ -241,14 +241,15 @@ def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[st
     life = facts(half, resolutions(half, resolved_offsets(op)), real).transform(lifecycle(as_of, rules))
     commits_df = offset_commits(offset)
     snapshots = snapshots_up_to(frames, as_of)
-    groups = group_anomalies(snapshots, commits_df, real, frames["copy"], as_of, rules.stranded_after_ms)
-    # Findings are few, and both the anomalies and the deliveries read them: computed once, kept.
+    # Findings and refusals are few, and both the anomalies and the deliveries read them: computed once, kept.
+    refused = refusals(snapshots, commits_df, real).checkpointed()
+    groups = group_anomalies(snapshots, commits_df, real, frames["copy"], refused, as_of, rules.stranded_after_ms)
     whole = commits_df.transform(offset_regressions(real, as_of)).unionByName(groups).localCheckpoint()
     return {
         TXN_LIFECYCLE.name: life,
         OFFSET_COMMITS.name: commits_df,
         ANOMALIES.name: transaction_anomalies(life, as_of, rules).unionByName(whole),
-        DELIVERIES.name: deliveries(real, snapshots, commits_df, frames["copy"], whole, as_of),
+        DELIVERIES.name: deliveries(real, snapshots, commits_df, frames["copy"], whole, refused, as_of),
     }
 
 
@@ -299,9 +300,10 @@ def incremental(
     every_commit = union_all([kept.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
     snapshots = snapshots_up_to(bronze.frames, as_of)
     # The group findings and offset regressions are recomputed whole (WHOLE_TYPES), and so are deliveries.
+    refused = refusals(snapshots, every_commit, real).checkpointed()
     whole = (
         every_commit.transform(offset_regressions(real, as_of))
-        .unionByName(group_anomalies(snapshots, every_commit, real, bronze.frames["copy"], as_of,
+        .unionByName(group_anomalies(snapshots, every_commit, real, bronze.frames["copy"], refused, as_of,
                                      rules.stranded_after_ms))
         .localCheckpoint()
     )  # fmt: skip
@@ -312,7 +314,9 @@ def incremental(
     _progress("offset_commits merged")
     _merge(spark, config, TXN_LIFECYCLE, life, ID)
     _progress("txn_lifecycle merged")
-    _replace(config, DELIVERIES, deliveries(real, snapshots, every_commit, bronze.frames["copy"], whole, as_of))
+    _replace(
+        config, DELIVERIES, deliveries(real, snapshots, every_commit, bronze.frames["copy"], whole, refused, as_of)
+    )
     _progress("deliveries written")
     return Written("incremental", None, n_keys, n_queues)
 

@@ -19,6 +19,7 @@ from transforms.consumers import (
     dead_letters,
     offset_jumps,
     redeliveries,
+    refusals,
     stranded_queues,
     subscription_conflicts,
     undelivered,
@@ -71,7 +72,7 @@ def test_members_that_agree_raise_nothing(spark: SparkSession) -> None:
     assert found(subscription_conflicts(cons, AS_OF)) == []
     assert found(stranded_queues(cons, commits_df, real, AS_OF, 60_000)) == []
     assert found(redeliveries(cons, commits_df, real, AS_OF)) == []
-    assert found(undelivered(cons, commits_df, real, AS_OF)) == []
+    assert found(undelivered(refusals(cons, commits_df, real), AS_OF)) == []
 
 
 def test_a_conflict_is_one_finding_per_run_and_broker_with_the_table_the_broker_kept(spark: SparkSession) -> None:
@@ -167,7 +168,7 @@ def test_messages_a_tag_filter_refused_are_undelivered_per_queue_and_run(spark: 
     rows = [r for k in range(3) for r in tagged(k, (0,), (1,))]
     commits = [("t", 0, 6, T + 5_000, "A", 1), ("t", 1, 6, T + 5_000, "B", 2)]
     cons, commits_df, real = frames(spark, rows, commits, {("t", 0): 6, ("t", 1): 6})
-    [(_, _, q0, since0, d0), (_, _, q1, since1, d1)] = found(undelivered(cons, commits_df, real, AS_OF))
+    [(_, _, q0, since0, d0), (_, _, q1, since1, d1)] = found(undelivered(refusals(cons, commits_df, real), AS_OF))
     both = {"exact": True, "cause": "TAG_FILTER", "since": T, "until": T + 10_000, "ongoing": False}
     assert (q0, since0, q1, since1) == (0, T, 1, T)
     assert d0 == {**both, "messages": 6, "at_most": 6, "first_offset": 0, "last_offset": 5,
@@ -193,9 +194,10 @@ def test_what_no_member_wants_or_every_filter_passes_is_not_undelivered(spark: S
     ]
     commits = [("t", 0, 4, T + 5_000, "A", 1), ("t", 1, 4, T + 5_000, "B", 2), ("t", 0, 8, T + 25_000, "A", 3)]
     cons, commits_df, real = frames(spark, rows, commits, {("t", 0): 8, ("t", 1): 4}, tags=("TagC", None))
-    assert found(undelivered(cons, commits_df, real, AS_OF)) == []
+    assert found(undelivered(refusals(cons, commits_df, real), AS_OF)) == []
     _, commits_df, real = frames(spark, rows, commits, {("t", 0): 8, ("t", 1): 4})
-    assert [(q, d["since"]) for _, _, q, _, d in found(undelivered(cons, commits_df, real, AS_OF))] == [(0, T), (1, T)]
+    lost = found(undelivered(refusals(cons, commits_df, real), AS_OF))
+    assert [(q, d["since"]) for _, _, q, _, d in lost] == [(0, T), (1, T)]
 
 
 def test_a_hand_off_between_snapshots_makes_the_count_a_bound(spark: SparkSession) -> None:
@@ -203,7 +205,7 @@ def test_a_hand_off_between_snapshots_makes_the_count_a_bound(spark: SparkSessio
     the broker (the table keeps B); the three B messages only if A pulled them."""
     rows = tagged(0, (), (0,)) + tagged(1, (0,), ())
     cons, commits_df, real = frames(spark, rows, [("t", 0, 6, T + 5_000, "A", 1)], {("t", 0): 6})
-    [(_, _, _, _, detail)] = found(undelivered(cons, commits_df, real, AS_OF))
+    [(_, _, _, _, detail)] = found(undelivered(refusals(cons, commits_df, real), AS_OF))
     assert (detail["messages"], detail["at_most"], detail["exact"], detail["ongoing"]) == (3, 6, False, True)
     assert [f["holder"] for f in detail["filters"]] == ["A", "B"]
 
@@ -214,7 +216,7 @@ def test_a_snapshot_the_offset_did_not_move_past_keeps_the_run_whole(spark: Spar
     rows = [r for k in range(4) for r in tagged(k, (0,), ())]
     commits = [("t", 0, 2, T + 5_000, "A", 1), ("t", 0, 6, T + 25_000, "A", 2)]
     cons, commits_df, real = frames(spark, rows, commits, {("t", 0): 6})
-    [(_, _, _, since, detail)] = found(undelivered(cons, commits_df, real, AS_OF))
+    [(_, _, _, since, detail)] = found(undelivered(refusals(cons, commits_df, real), AS_OF))
     assert (since, detail["messages"], detail["first_offset"], detail["last_offset"]) == (T, 6, 0, 5)
     assert (detail["until"], detail["ongoing"], detail["exact"]) == (T + 30_000, True, True)
 
@@ -265,7 +267,8 @@ def test_deliveries_say_what_became_of_every_wanted_message_in_every_group(spark
                                                                                         "to_offset": 2}))],
                                    "anomaly_type string, consumer_group string, broker_name string, topic string, "
                                    "queue_id int, detail string")  # fmt: skip
-    got = deliveries(real, cons, commits_df.unionByName(h), copy, rewind, AS_OF)
+    every = commits_df.unionByName(h)
+    got = deliveries(real, cons, every, copy, rewind, refusals(cons, every, real), AS_OF)
     table = {(r["consumer_group"], r["queue_id"], r["queue_offset"]): r for r in got.collect()}
     status = {k: r["status"] for k, r in table.items()}
     assert {k[2]: v for k, v in status.items() if k[:2] == ("g", 0)} == dict.fromkeys(range(6), "UNDELIVERED")
@@ -289,7 +292,8 @@ def test_deliveries_say_what_became_of_every_wanted_message_in_every_group(spark
     only_a = [r for k in range(3) for r in (sub(k, "A", "t", "TagA"), sub(k, None, "t", "TagA", broker="b"),
                                             held(k, "A", "t", 0, 0), held(k, "A", "t", 1, 0))]  # fmt: skip
     cons_a = spark.createDataFrame(only_a, to_struct(CONSUMER))
-    rows_a = deliveries(real, cons_a, commits_df, copy.limit(0), rewind.limit(0), AS_OF).collect()
+    none = copy.limit(0), rewind.limit(0), refusals(cons_a, commits_df, real)
+    rows_a = deliveries(real, cons_a, commits_df, *none, AS_OF).collect()
     assert sorted((r["queue_id"], r["queue_offset"], r["status"]) for r in rows_a) == [
         (q, o, "CONSUMED" if o < (6 if q == 0 else 4) else "PENDING") for q in (0, 1) for o in (0, 2, 4)
     ]

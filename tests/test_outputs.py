@@ -109,7 +109,8 @@ def test_dashboard_renders_in_headless_chromium(shipped: Shipped, spark: SparkSe
             "    var b = m.getBoundingClientRect(); return a + b.width * b.height; }, 0);"
             "  return [svg.getAttribute('aria-label'), marks.length, area]; })"
         )  # fmt: skip
-        assert len(charts) == 5 and all(n > 0 and area > 0 for _, n, area in charts), charts
+        groups = {r["consumer_group"] for r in shipped.table(spark, "deliveries")}  # a chart each, and 5 more
+        assert len(charts) == 5 + len(groups) and all(n > 0 and area > 0 for _, n, area in charts), charts
         anomalies = shipped.table(spark, "anomalies")
         kinds = Counter(a["anomaly_type"] for a in anomalies)
         regression_marks = next(n for label, n, _ in charts if label == "offset regressions")

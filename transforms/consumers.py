@@ -12,6 +12,7 @@ there, reference §3.3).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -255,10 +256,21 @@ def filters(consumer_df: DataFrame) -> DataFrame:
     )  # fmt: skip
 
 
-def _refusals(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """The windows (two consecutive snapshots of a group and a queue a filter could refuse on) and, per
-    window, each message the committed offset passed that some member wanted and some filter refused:
-    `_every` when every filter the window may have had refuses it."""
+class Refusals(NamedTuple):
+    """What the tag filters refused: `windows` (two consecutive snapshots of a group and a queue a filter could
+    refuse on) and `per_message`, each message a window's committed offset passed that some member wanted and
+    some filter refused, `_every` when every filter the window may have had refuses it. UNDELIVERED and the
+    deliveries table both read them."""
+
+    windows: DataFrame
+    per_message: DataFrame
+
+    def checkpointed(self) -> Refusals:
+        return Refusals(self.windows.localCheckpoint(), self.per_message.localCheckpoint())
+
+
+def refusals(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame) -> Refusals:
+    """The refusals of tag filters between consecutive snapshots (see `Refusals`)."""
     candidates = filters(consumer_df)
     can_refuse = ~(takes_all(F.col("member_expression")) & takes_all(F.col("broker_expression")))
     snaps = snapshots(consumer_df).where(F.col("next_ts").isNotNull())
@@ -300,16 +312,15 @@ def _refusals(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: Dat
         .withColumn("_every", F.col("_lost") == F.size("_judged"))
         .withColumn("_refused_by", F.transform(lost, lambda j: F.when(~j["broker"], "broker").otherwise("member")))
     )  # fmt: skip
-    return windows, per_message
+    return Refusals(windows, per_message)
 
 
-def refused_messages(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame) -> DataFrame:
+def refused_messages(refused: Refusals) -> DataFrame:
     """(consumer_group, queue, queue_offset): the messages UNDELIVERED counts, those every filter refused."""
-    _, per_message = _refusals(consumer_df, offset_commits_df, real_df)
-    return per_message.where("_every").select("consumer_group", *QUEUE, "queue_offset").distinct()
+    return refused.per_message.where("_every").select("consumer_group", *QUEUE, "queue_offset").distinct()
 
 
-def undelivered(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int) -> DataFrame:
+def undelivered(refused: Refusals, as_of: int) -> DataFrame:
     """UNDELIVERED: between two consecutive snapshots of a group, the messages of a queue that the committed
     offset passed, that some member's expression wants, and that the broker's table or the holder's own
     expression refused (cause TAG_FILTER). One finding per queue and run of consecutive snapshots in which a
@@ -320,7 +331,7 @@ def undelivered(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: D
     what any refuses. Detail: messages, at_most, exact, first and last offset, refused_by (broker, member),
     the filters (holder and both expressions), since, until, ongoing. Messages passed before a group's
     first snapshot are not judged: nothing shows the filters then."""
-    windows, per_message = _refusals(consumer_df, offset_commits_df, real_df)
+    windows, per_message = refused
     per_window = (
         per_message.groupBy("consumer_group", "snapshot_ts", "next_ts", "k", "latest", *QUEUE)
         .agg(
@@ -379,13 +390,13 @@ def dead_letters(copy_df: DataFrame, real_df: DataFrame, as_of: int) -> DataFram
 
 
 def group_anomalies(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, copy_df: DataFrame,
-                    as_of: int, stranded_after_ms: int) -> DataFrame:  # fmt: skip
+                    refused: Refusals, as_of: int, stranded_after_ms: int) -> DataFrame:  # fmt: skip
     """Every consumer-group finding, recomputed whole on each run (snapshots and copies are small)."""
     return (
         subscription_conflicts(consumer_df, as_of)
         .unionByName(stranded_queues(consumer_df, offset_commits_df, real_df, as_of, stranded_after_ms))
         .unionByName(redeliveries(consumer_df, offset_commits_df, real_df, as_of))
         .unionByName(offset_jumps(offset_commits_df, as_of))
-        .unionByName(undelivered(consumer_df, offset_commits_df, real_df, as_of))
+        .unionByName(undelivered(refused, as_of))
         .unionByName(dead_letters(copy_df, real_df, as_of))
     )

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from transforms.consumers import QUEUE, refused_messages, tag_matches
+from transforms.consumers import QUEUE, Refusals, refused_messages, tag_matches
 
 MESSAGE = [*QUEUE, "queue_offset"]
 # The findings that deliver messages again, and where their window [low, high) is in their detail.
@@ -72,9 +72,9 @@ def redelivery_windows(findings_df: DataFrame) -> DataFrame:
 
 
 def deliveries(real_df: DataFrame, consumer_df: DataFrame, offset_commits_df: DataFrame, copy_df: DataFrame,
-               findings_df: DataFrame, as_of: int) -> DataFrame:  # fmt: skip
+               findings_df: DataFrame, refused: Refusals, as_of: int) -> DataFrame:  # fmt: skip
     """The deliveries table as of `as_of` from the stored messages, the group snapshots, the committed offsets,
-    the consumer copies and the group findings, each up to `as_of`."""
+    the consumer copies, the group findings and the tag filters' refusals, each up to `as_of`."""
     by_topic = wanted(consumer_df, offset_commits_df)
     messages = real_df.select(*MESSAGE, "uniq_key", "transaction_id", "tags", "store_timestamp")
     wants = F.col("expressions").isNull() | F.exists("expressions", lambda e: tag_matches(e, F.col("tags")))
@@ -87,7 +87,7 @@ def deliveries(real_df: DataFrame, consumer_df: DataFrame, offset_commits_df: Da
         F.countDistinct(F.when(F.col("kind") == "retry", F.col("reconsume_times"))).alias("retries"),
         F.max((F.col("kind") == "dead_letter").cast("int")).cast("boolean").alias("dead"),
     )
-    refused = refused_messages(consumer_df, offset_commits_df, real_df).withColumn("refused", F.lit(True))
+    lost = refused_messages(refused).withColumn("refused", F.lit(True))
     windows = redelivery_windows(findings_df)
     again = (
         F.broadcast(windows).join(messages.select(*MESSAGE), on=QUEUE)
@@ -98,7 +98,7 @@ def deliveries(real_df: DataFrame, consumer_df: DataFrame, offset_commits_df: Da
     joined = (
         rows.join(committed_offsets(offset_commits_df), on=["consumer_group", *QUEUE], how="left")
         .join(fates, on=["consumer_group", "topic", "uniq_key"], how="left")
-        .join(refused, on=["consumer_group", *MESSAGE], how="left")
+        .join(lost, on=["consumer_group", *MESSAGE], how="left")
         .join(again, on=["consumer_group", *MESSAGE], how="left")
     )
     status = (
