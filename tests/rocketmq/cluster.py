@@ -9,6 +9,7 @@ broker; `stop` ends both, and `RocketMQ` is a context manager so a failing test 
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -72,21 +73,27 @@ def _port_free(port: int) -> bool:
     return True
 
 
+# Ports below the kernel's ephemeral range (32768-60999 here), which it never hands out as the local port of
+# an outgoing connection: a port picked from that range could be taken by another test's client before the
+# broker binds it (seen once for the HA port: `BindException` in DefaultHAService).
+PORTS = range(20_000, 32_000)
+
+
 def free_broker_port() -> int:
     """A listen port whose fast port (-2) and HA port (+1) are free too."""
     for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port > 1026 and all(_port_free(p) for p in (port - 2, port, port + 1)):
+        port = random.choice(PORTS)
+        if all(_port_free(p) for p in (port - 2, port, port + 1)):
             return port
     raise RuntimeError("no free port triple for the broker")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    for _ in range(200):
+        port = random.choice(PORTS)
+        if _port_free(port):
+            return port
+    raise RuntimeError("no free port for the name server")
 
 
 def compile_driver(out: Path) -> Path:
