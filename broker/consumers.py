@@ -9,10 +9,11 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from broker.events import NET_MS, P_CONSUMER, P_CONTROL, P_SNAPSHOT, P_STORE
+from broker.filters import ALL, Filter, FilterWatch, tag_matches
 from broker.groups import MQ, SNAPSHOT_MS, GroupWatch, Member
 from broker.rebalance import allocate
 from broker.state import BrokerState, Consumer
-from broker.topology import CONSUMER_GROUPS, ConsumerGroupSpec, client_id, client_ip
+from broker.topology import CONSUMER_GROUPS, TAG, ConsumerGroupSpec, client_id, client_ip
 
 if TYPE_CHECKING:
     from broker.simulation import Simulation
@@ -29,11 +30,14 @@ class Consumers:
         self.members: dict[str, list[Consumer]] = {
             g.name: [self._new(g.name) for _ in range(g.members)] for g in CONSUMER_GROUPS
         }
-        # The topic set of each group's broker subscription table: the last heartbeat's (reference §2.1).
+        # Each group's broker subscription table (reference §2.1): its topic set is the last heartbeat's, and
+        # per topic it keeps the expression with the newest subVersion (`kept`: topic -> expression, version).
         self.sub_table = {g.name: g.topics for g in CONSUMER_GROUPS}
+        self.kept = {g.name: {t: (ALL, sim.now) for t in g.topics} for g in CONSUMER_GROUPS}
         self.moved: dict[tuple[str, MQ], tuple[str, int]] = {}  # a queue's last holder and its memory offset
         self.watch = GroupWatch(lambda rec, ts: sim.emit("consumer", rec, ts), sim.truth_anomaly,
                                 sim.thresholds.stranded_after_ms)  # fmt: skip
+        self.filters = FilterWatch(sim.truth_anomaly)
 
     def start(self) -> None:
         """Every group rebalances from the start; each member persists and heartbeats at its own phase."""
@@ -45,17 +49,27 @@ class Consumers:
                 sim.at(sim.now + sim.crng.randrange(HEARTBEAT_MS), P_CONSUMER, self._heartbeat, c)
         sim.at(sim.now + SNAPSHOT_MS, P_SNAPSHOT, self._snapshot)
 
-    def _new(self, group: str, topics: tuple[str, ...] | None = None) -> Consumer:
+    def _new(self, group: str, topics: tuple[str, ...] | None = None, expression: str = ALL) -> Consumer:
         n = next(self.sim.client_n)
         cid = client_id(client_ip(n), 2000 + n, n * 104_729 + self.sim.now % 1_000_000)
-        return Consumer(group, cid, topics or self.specs[group].topics)
+        return Consumer(group, cid, topics or self.specs[group].topics, expression, self.sim.now)
 
     def _heartbeat(self, c: Consumer) -> None:
-        """A member's heartbeat replaces its group's subscription table by its own topics (reference §2.1)."""
         if not c.alive:
             return
         self.sim.at(self.sim.now + HEARTBEAT_MS, P_CONSUMER, self._heartbeat, c)
+        self._register(c)
+
+    def _register(self, c: Consumer) -> None:
+        """ConsumerGroupInfo.updateSubscription with a member's heartbeat (reference §2.1): the table's topics
+        become the member's; a topic's expression is replaced only by a strictly newer subVersion."""
         self.sub_table[c.group] = c.topics
+        kept = self.kept[c.group]
+        for topic in c.topics:
+            if topic not in kept or c.versions[topic] > kept[topic][1]:
+                kept[topic] = (c.expression, c.versions[topic])
+        for topic in [t for t in kept if t not in c.topics]:
+            del kept[topic]
 
     def _rebalance_tick(self, group: str) -> None:
         self.sim.at(self.sim.now + REBALANCE_INTERVAL_MS, P_CONSUMER, self._rebalance_tick, group)
@@ -69,6 +83,7 @@ class Consumers:
         members = self.members[group]
         cids = [c.client_id for c in members]
         wanted = {c.client_id: self._allocation(spec, c, c.view or cids) for c in members}
+        changed = {c.client_id: {mq[0] for mq in c.assigned ^ wanted[c.client_id]} for c in members}
         for c in members:
             for mq in sorted(c.assigned - wanted[c.client_id]):
                 late = sim.rng.random() < sim.profile.stale_offset_commit
@@ -87,6 +102,10 @@ class Consumers:
                 if (group, mq) in self.moved:
                     old, memory = self.moved.pop((group, mq))
                     self.watch.handed_off(group, mq, old, memory - start)
+        for c in members:  # messageQueueChanged: a new subVersion for the topic, and a heartbeat at once
+            if changed[c.client_id]:
+                c.versions.update(dict.fromkeys(changed[c.client_id], sim.now))
+                self._register(c)
 
     def _allocation(self, spec: ConsumerGroupSpec, c: Consumer, cids: list[str] | tuple[str, ...]) -> set[MQ]:
         """Each member allocates its own topics over the client list it has (reference §2.3)."""
@@ -118,6 +137,7 @@ class Consumers:
             b = sim.brokers[bname]
             if not b.up or topic not in self.sub_table[c.group]:  # a pull fails: "subscription not exist"
                 continue
+            table = self.kept[c.group][topic][0]
             target = bisect.bisect_right(b.real_store_ts[(topic, qid)], upto_ts)
             mem = c.memory[mq]
             pin = c.pins.get(mq)
@@ -132,7 +152,21 @@ class Consumers:
                 target = slow
             if target > mem:  # increase-only update of the memory offset (§3.2)
                 c.memory[mq] = target
-                sim.sendback.consumed(sim.now, c.group, mq, mem, target)
+                refused = self._refused(c, mq, table, mem, target) if (table, c.expression) != (ALL, ALL) else set()
+                sim.sendback.consumed(sim.now, c.group, mq, mem, target, refused)
+
+    def _refused(self, c: Consumer, mq: MQ, table: str, start: int, end: int) -> set[int]:
+        """Offsets [start, end) of a queue that the broker's filter (the table's expression) or the member's own
+        refused: skipped, not delivered. Those some member of the group wants are lost to it."""
+        tags = self.sim.brokers[mq[1]].real_tags[(mq[0], mq[2])]
+        wanted = {m.expression for m in self.members[c.group] if mq[0] in m.topics}
+        refused = {
+            o for o in range(start, end) if not (tag_matches(table, tags[o]) and tag_matches(c.expression, tags[o]))
+        }
+        for o in sorted(refused):
+            if any(tag_matches(e, tags[o]) for e in wanted):
+                self.filters.refuse(c.group, mq, o)
+        return refused
 
     def _commit_offset(self, c: Consumer | None, mq: MQ, offset: int, delay: int = NET_MS) -> None:
         client = c.client_id if c is not None else None
@@ -201,11 +235,11 @@ class Consumers:
         self._rebalance(group)
         sim.at(sim.now + 30_000, P_CONTROL, self._join, group)
 
-    def _join(self, group: str, topics: tuple[str, ...] | None = None) -> Consumer:
+    def _join(self, group: str, topics: tuple[str, ...] | None = None, expression: str = ALL) -> Consumer:
         sim = self.sim
-        c = self._new(group, topics)
+        c = self._new(group, topics, expression)
         self.members[group].append(c)
-        self.sub_table[group] = c.topics  # its registration is a heartbeat
+        self._register(c)  # its registration is a heartbeat
         self._rebalance(group)
         sim.at(sim.now + sim.rng.randrange(PERSIST_INTERVAL_MS), P_CONSUMER, self._tick, c)
         sim.at(sim.now + HEARTBEAT_MS, P_CONSUMER, self._heartbeat, c)
@@ -242,6 +276,15 @@ class Consumers:
         c = self._join(group, drifted)
         sim.at(sim.now + sim.crng.randint(180_000, 360_000), P_CONTROL, self._leave, c)
 
+    def tag_drift(self, group: str) -> None:
+        """A member deployed with a tag expression where the others take every tag (reference §2.2 (c)): while
+        the broker keeps its expression, every member's pulls skip the untagged messages the others want, and
+        its own skip them too. It leaves again 3-6 minutes later."""
+        sim = self.sim
+        sim.fault(None, "tag_drift")
+        c = self._join(group, expression=TAG)
+        sim.at(sim.now + sim.crng.randint(180_000, 360_000), P_CONTROL, self._leave, c)
+
     def stale_client_list(self, group: str) -> None:
         """One member allocates over a client list that misses another member (it asked a broker the other
         had not reached yet), for 90-180 s: queues may be held twice or by nobody."""
@@ -276,6 +319,8 @@ class Consumers:
             if not b.up or current is None or end <= current[0]:
                 continue
             self._store_offset(b, group, topic, qid, end, None)
+            if current[1] is not None:
+                self.filters.skip(group, mq, sim.now, current[0], end)
             for c in self.members[group]:
                 if mq in c.assigned:
                     c.memory[mq] = end
@@ -312,14 +357,32 @@ class Consumers:
             members = self.members[group]
             if not members or not up:
                 continue
+            table = {t: self.kept[group][t][0] for t in self.sub_table[group]}
             self.watch.snapshot(
                 sim.now, group,
-                [Member(c.client_id, c.topics, {mq: c.memory[mq] for mq in c.assigned}) for c in members],
-                dict.fromkeys(up, self.sub_table[group]),
+                [Member(c.client_id, c.topics, c.expression, {mq: c.memory[mq] for mq in c.assigned})
+                 for c in members],
+                dict.fromkeys(up, table),
                 committed=functools.partial(self._committed, group),
                 end=self._stored,
                 queues=lambda t: sim.mq_all[t],
             )  # fmt: skip
+            self.filters.snapshot(sim.now, group, self._filters(members, table, set(up)),
+                                  {mq: c for t in sim.topic_names for mq in sim.mq_all[t]
+                                   if (c := self._committed(group, mq)) is not None},
+                                  lambda mq: sim.brokers[mq[1]].real_tags[(mq[0], mq[2])])  # fmt: skip
+
+    @staticmethod
+    def _filters(members: list[Consumer], table: dict[str, str], up: set[str]) -> dict[MQ, frozenset[Filter]]:
+        """The filters of every held queue at a snapshot: the holder's expression and the table's, where the
+        queue's broker answers and its table has the topic."""
+        wanted = {t: tuple(sorted({m.expression for m in members if t in m.topics})) for t in table}
+        found: dict[MQ, set[Filter]] = {}
+        for m in members:
+            for mq in m.assigned:
+                if mq[0] in m.topics and mq[0] in table and mq[1] in up:
+                    found.setdefault(mq, set()).add(Filter(m.client_id, m.expression, table[mq[0]], wanted[mq[0]]))
+        return {mq: frozenset(f) for mq, f in found.items()}
 
     def _stored(self, mq: MQ) -> int:
         return self.sim.brokers[mq[1]].real_next[(mq[0], mq[2])]

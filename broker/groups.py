@@ -15,13 +15,13 @@ from typing import Any
 
 MQ = tuple[str, str, int]  # (topic, broker_name, queue_id)
 SNAPSHOT_MS = 10_000
-EXPRESSION = "*"  # the model's members subscribe to every tag
 
 
 @dataclass
 class Member:
     client_id: str
     topics: tuple[str, ...]
+    expression: str  # its tag expression, for each of its topics
     memory: dict[MQ, int]  # held queues and in-memory offsets
 
 
@@ -54,18 +54,18 @@ class GroupWatch:
         key = (group, mq, old_holder)
         self.actual[key] = self.actual.get(key, 0) + max(duplicates, 0)
 
-    def snapshot(self, now: int, group: str, members: list[Member], tables: dict[str, tuple[str, ...]],
+    def snapshot(self, now: int, group: str, members: list[Member], tables: dict[str, dict[str, str]],
                  committed: Callable[[MQ], int | None], end: Callable[[MQ], int],
                  queues: Callable[[str], Iterable[MQ]]) -> None:  # fmt: skip
-        """Emit one group's snapshot and advance its truth. `tables`: broker name -> subscribed topics."""
+        """Emit one group's snapshot and advance its truth. `tables`: broker name -> topic -> kept expression."""
         for m in sorted(members, key=lambda m: m.client_id):
             for topic in m.topics:
-                self.emit((now, group, "subscription", m.client_id, topic, EXPRESSION, None, None, None), now)
+                self.emit((now, group, "subscription", m.client_id, topic, m.expression, None, None, None), now)
             for mq in sorted(m.memory):
                 self.emit((now, group, "queue", m.client_id, mq[0], None, mq[1], mq[2], m.memory[mq]), now)
-        for broker, topics in sorted(tables.items()):
-            for topic in topics:
-                self.emit((now, group, "subscription", None, topic, EXPRESSION, broker, None, None), now)
+        for broker, table in sorted(tables.items()):
+            for topic, expression in table.items():
+                self.emit((now, group, "subscription", None, topic, expression, broker, None, None), now)
         holders: dict[MQ, dict[str, int]] = {}
         for m in members:
             for mq, offset in m.memory.items():
@@ -74,7 +74,7 @@ class GroupWatch:
         subscribed = sorted({t for m in members for t in m.topics})
         watched = [mq for t in subscribed for mq in queues(t)]
         now_committed = {mq: c for mq in watched if (c := committed(mq)) is not None}
-        conflict = len({m.topics for m in members}) > 1
+        conflict = len({(m.topics, m.expression) for m in members}) > 1
         self._conflict(now, group, conflict, members, tables)
         self._stranded(now, group, watched, holders, now_committed, end, conflict)
         self._handoffs(now, group, holders, {m.client_id for m in members})
@@ -90,7 +90,7 @@ class GroupWatch:
     # ---- the rules, on the model's state ---------------------------------------------------------
 
     def _conflict(self, now: int, group: str, conflict: bool, members: list[Member],
-                  tables: dict[str, tuple[str, ...]]) -> None:  # fmt: skip
+                  tables: dict[str, dict[str, str]]) -> None:  # fmt: skip
         if not conflict:
             if group in self.conflicts:
                 self._end_conflict(group)

@@ -55,6 +55,7 @@ class Profile:
     offset_skip: int = 0  # an admin resets a group's offsets on one topic to its end, skipping the backlog
     subscription_drift: int = 0  # a member deployed with other subscriptions joins its group for 3-6 minutes
     stale_client_list: int = 0  # a member allocates over a client list missing one member, for 90-180 s
+    tag_drift: int = 0  # a member joins with a tag expression where the others take every tag, for 3-6 min
     # Per rebalance hand-off: the previous owner's final offset commit lands late.
     stale_offset_commit: float = 0.0
 
@@ -115,6 +116,7 @@ PROFILES: dict[str, Profile] = {
             offset_skip=1,
             subscription_drift=2,
             stale_client_list=2,
+            tag_drift=2,
             stale_offset_commit=0.6,
         ),
     )

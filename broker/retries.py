@@ -64,10 +64,12 @@ class SendBack:
                 Original(rec[1], rec[2], rec[7], rec[6], rec[9], rec[12], rec[13], rec[14], f"{rec[4]:032X}")
             )
 
-    def consumed(self, now: int, group: str, mq: tuple[str, str, int], start: int, end: int) -> None:
-        """The group consumed offsets [start, end) of a queue (some maybe again): poison ones are sent back."""
-        for original in self.originals.get(mq, [])[start:end] if self.cut else ():
-            if self.poison(group, original.uniq_key):
+    def consumed(self, now: int, group: str, mq: tuple[str, str, int], start: int, end: int,
+                 refused: set[int]) -> None:  # fmt: skip
+        """The group consumed offsets [start, end) of a queue (some maybe again), but for those a filter
+        `refused`: poison ones are sent back."""
+        for offset, original in enumerate(self.originals.get(mq, [])[start:end] if self.cut else (), start):
+            if offset not in refused and self.poison(group, original.uniq_key):
                 self._failed((now, group, mq[1], original, 0))
 
     def _failed(self, arg: tuple[int, str, str, Original, int]) -> None:

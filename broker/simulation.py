@@ -100,6 +100,7 @@ class Simulation:
                 for q in range(n_q):
                     b.real_next[(topic, q)] = 0
                     b.real_store_ts[(topic, q)] = array("q")
+                    b.real_tags[(topic, q)] = []
         self.client_n = itertools.count(1)
         self.store = Store(self)
         self.checks = CheckService(self)
@@ -166,8 +167,10 @@ class Simulation:
             self.at(when(), P_CONTROL, consumers.scale, rng.choice(consumer_groups))
         for _ in range(p.offset_reset):
             self.at(when(), P_CONTROL, consumers.offset_reset, rng.choice(consumer_groups))
-        for count, fn in ((p.offset_skip, consumers.offset_skip), (p.subscription_drift, consumers.subscription_drift),
-                          (p.stale_client_list, consumers.stale_client_list)):  # fmt: skip
+        incidents = ((p.offset_skip, consumers.offset_skip), (p.subscription_drift, consumers.subscription_drift),
+                     (p.stale_client_list, consumers.stale_client_list),
+                     (p.tag_drift, consumers.tag_drift))  # fmt: skip
+        for count, fn in incidents:
             for _ in range(count):
                 self.at(crng.randint(*span), P_CONTROL, fn, crng.choice(consumer_groups))
 
@@ -205,6 +208,7 @@ class Simulation:
         """Transactions still open are judged as of the largest timestamp written (DESIGN §3)."""
         as_of = self.summary.as_of
         self.consumers.watch.close()
+        self.consumers.filters.close()
         for txn in list(self.open.values()):
             self._write_truth(txn, as_of)
         self.open.clear()

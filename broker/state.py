@@ -5,7 +5,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 
-from broker.topology import BrokerSpec
+from broker.topology import TAG, BrokerSpec
 
 
 class Txn:
@@ -45,7 +45,7 @@ class Txn:
         self.queue_id = queue_id
         self.born_ts = born_ts
         self.body_size = body_size
-        self.tags = "TagA" if body_size % 2 else None
+        self.tags = TAG if body_size % 2 else None
         self.keys = f"order-{uniq_key[-8:]}" if body_size % 3 else None
         self.immunity_s: int | None = None
         self.outcome = outcome  # the business decision: "COMMIT" or "ROLLBACK"
@@ -99,6 +99,7 @@ class BrokerState:
         self.discard_next = 0
         self.real_next: dict[tuple[str, int], int] = {}
         self.real_store_ts: dict[tuple[str, int], array[int]] = {}  # store time per real queue offset
+        self.real_tags: dict[tuple[str, int], list[str | None]] = {}  # tag per real queue offset
         self.offsets: dict[tuple[str, str, int], tuple[int, str | None]] = {}  # (group, topic, qid) -> offset, client
         self.offset_seq = 0
         self.settle_queue: deque[Txn] = deque()  # passed by the flushed progress, waiting to settle
@@ -121,12 +122,16 @@ class Producer:
 
 
 class Consumer:
-    __slots__ = ("alive", "assigned", "client_id", "group", "memory", "pins", "topics", "view")
+    __slots__ = ("alive", "assigned", "client_id", "expression", "group", "memory", "pins", "topics", "versions",
+                 "view")  # fmt: skip
 
-    def __init__(self, group: str, client_id: str, topics: tuple[str, ...]) -> None:
+    def __init__(self, group: str, client_id: str, topics: tuple[str, ...], expression: str, now: int) -> None:
         self.group = group
         self.client_id = client_id
         self.topics = topics  # its own subscriptions: it rebalances these only (reference §2.3)
+        self.expression = expression  # its tag expression, for every topic it subscribes
+        # subVersion per topic: when it subscribed, and again whenever its queues of the topic change (§2.1)
+        self.versions = dict.fromkeys(topics, now)
         self.view: tuple[str, ...] | None = None  # a stale client list it allocates over; None: the broker's
         self.alive = True
         self.assigned: set[tuple[str, str, int]] = set()  # (topic, broker_name, queue_id)

@@ -65,6 +65,7 @@ class Store:
             offset = b.real_next[(topic, queue_id)]
             b.real_next[(topic, queue_id)] = offset + 1
             b.real_store_ts[(topic, queue_id)].append(now)
+            b.real_tags[(topic, queue_id)].append(txn.tags if txn else None)
         phys = self.phys(b, 300 + (txn.body_size if txn else 200))
         # REAL field order (schemas/landing.py).
         if txn is None:  # a plain message from a producer's ordinary send

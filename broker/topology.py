@@ -8,6 +8,7 @@ HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"  # reference §1.1: the real name has the extra underscore
 OP_TAG = "d"
+TAG = "TagA"  # the one tag the model's transactional messages carry (about half of them)
 SYS_FLAG_COMMIT = 0x8  # MessageSysFlag.TRANSACTION_COMMIT_TYPE (reference §4.3)
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, virtual time zero

@@ -1,6 +1,7 @@
 """`txn-recon score --truth DIR`: precision and recall of the anomalies table against the broker
-model's `_truth/anomalies.jsonl`, per type, listing every false positive and false negative key.
-Exit code 1 when any type's precision or recall is below 1.0."""
+model's `_truth/anomalies.jsonl`, per type, listing every false positive and false negative key, and every
+UNDELIVERED finding whose count does not hold what the model's filters refused. Exit code 1 when any type's
+precision or recall is below 1.0 or a count is off."""
 
 from __future__ import annotations
 
@@ -30,44 +31,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, config: Config) -> int:
     truth_dir = args.truth / "_truth" if (args.truth / "_truth").is_dir() else args.truth
-    expected, truth_as_of = read_truth(truth_dir)
+    truth, truth_as_of = read_truth(truth_dir)
     spark = build_session(config)
-    found, as_of = read_found(spark, config)
+    rows = read_found(spark, config)
+    as_of = rows[0]["as_of"] if rows else None
     if as_of is not None and as_of != truth_as_of:
         raise TxnReconError(f"the anomalies are as of {as_of} but the truth in {truth_dir} is as of {truth_as_of}; "
                             f"reconcile this landing alone (or with --as-of {truth_as_of}) before scoring")  # fmt: skip
-    scores = score(expected, found)
+    scores = score(truth, rows)
     print(report(scores))
     return 0 if all(s.perfect for s in scores.values()) else 1
 
 
-def read_truth(truth_dir: Path) -> tuple[dict[str, set[Key]], int]:
+def read_truth(truth_dir: Path) -> tuple[list[dict[str, Any]], int]:
+    """The truth's anomaly records, and the time they are as of."""
     try:
         meta = json.loads((truth_dir / "meta.json").read_text())
         lines = (truth_dir / "anomalies.jsonl").read_text().splitlines()
     except FileNotFoundError as e:
         raise TxnReconError(f"{truth_dir} has no ground truth ({Path(e.filename).name} missing)") from None
-    expected: dict[str, set[Key]] = {}
-    for line in lines:
-        a = json.loads(line)
-        expected.setdefault(a["anomaly_type"], set()).add(truth_key(a))
-    return expected, int(meta["as_of"])
+    return [json.loads(line) for line in lines], int(meta["as_of"])
 
 
-def read_found(spark: SparkSession, config: Config) -> tuple[dict[str, set[Key]], int | None]:
+def read_found(spark: SparkSession, config: Config) -> list[dict[str, Any]]:
     table = config.table(ANOMALIES.name)
     if not spark.catalog.tableExists(table):
         raise TxnReconError(f"{table} does not exist; run `txn-recon reconcile` first")
-    rows = [r.asDict() for r in spark.table(table).collect()]
-    return found_keys(rows), (rows[0]["as_of"] if rows else None)
+    return [r.asDict() for r in spark.table(table).collect()]
 
 
-def found_keys(rows: Iterable[dict[str, Any]]) -> dict[str, set[Key]]:
-    """Anomaly rows (the anomalies table's columns) keyed the way the truth is."""
+def _parsed(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Anomaly rows (the anomalies table's columns) with their detail parsed, as the truth has it."""
+    return [{**r, "detail": json.loads(r["detail"])} for r in rows]
+
+
+def keys(records: Iterable[dict[str, Any]]) -> dict[str, set[Key]]:
+    """Truth records or parsed anomaly rows, keyed by type."""
     found: dict[str, set[Key]] = {}
-    for r in rows:
-        found.setdefault(r["anomaly_type"], set()).add(truth_key({**r, "detail": json.loads(r["detail"])}))
+    for a in records:
+        found.setdefault(a["anomaly_type"], set()).add(truth_key(a))
     return found
+
+
+def miscounted(truth: Iterable[dict[str, Any]], found: Iterable[dict[str, Any]]) -> list[Key]:
+    """UNDELIVERED findings whose count does not hold what the model's filters really refused: at least
+    `messages` (what every filter seen refuses), at most `at_most` (what any refuses), exactly `messages` when
+    the finding is exact. A finding the truth lacks is a false positive, not a miscount."""
+    refused = {truth_key(a): a["detail"]["messages_refused"] for a in truth if a["anomaly_type"] == "UNDELIVERED"}
+    out = []
+    for a in found:
+        key, d = truth_key(a), a["detail"]
+        if a["anomaly_type"] == "UNDELIVERED" and key in refused:
+            high = d["messages"] if d["exact"] else d["at_most"]
+            if not d["messages"] <= refused[key] <= high:
+                out.append((*key, f"refused {refused[key]}, found {d['messages']}..{high}"))
+    return sorted(out, key=repr)
 
 
 @dataclass
@@ -76,6 +94,7 @@ class Score:
     found: int
     false_positives: list[Key] = field(default_factory=list)
     false_negatives: list[Key] = field(default_factory=list)
+    miscounted: list[Key] = field(default_factory=list)
 
     @property
     def precision(self) -> float:
@@ -87,16 +106,21 @@ class Score:
 
     @property
     def perfect(self) -> bool:
-        return not self.false_positives and not self.false_negatives
+        return not self.false_positives and not self.false_negatives and not self.miscounted
 
 
-def score(expected: dict[str, set[Key]], found: dict[str, set[Key]]) -> dict[str, Score]:
+def score(truth: list[dict[str, Any]], rows: Iterable[dict[str, Any]]) -> dict[str, Score]:
+    """Truth records against anomaly rows (detail as JSON text), per type."""
+    found_rows = _parsed(rows)
+    expected, found = keys(truth), keys(found_rows)
+    off = miscounted(truth, found_rows)
     return {
         kind: Score(
             len(expected.get(kind, set())),
             len(found.get(kind, set())),
             sorted(found.get(kind, set()) - expected.get(kind, set()), key=repr),
             sorted(expected.get(kind, set()) - found.get(kind, set()), key=repr),
+            off if kind == "UNDELIVERED" else [],
         )
         for kind in sorted(set(expected) | set(found))
     }
@@ -109,6 +133,7 @@ def report(scores: dict[str, Score]) -> str:
     for kind, s in scores.items():
         lines += _listing(f"{kind} false positive", s.false_positives)
         lines += _listing(f"{kind} false negative", s.false_negatives)
+        lines += _listing(f"{kind} miscounted", s.miscounted)
     verdict = "all types perfect" if all(s.perfect for s in scores.values()) else "MISMATCH"
     return "\n".join([*lines, f"score: {verdict}"])
 

@@ -221,6 +221,29 @@ def test_a_snapshot_the_offset_did_not_move_past_keeps_the_run_whole(spark: Spar
     assert (detail["until"], detail["ongoing"], detail["exact"]) == (T + 30_000, True, True)
 
 
+def test_a_pull_committed_after_the_table_changed_is_a_loss_of_at_most(spark: SparkSession) -> None:
+    """A holds queue 0 with `*` while the table keeps `*` at snapshot 0, and TagB at 1 and 2; A's commit of six
+    messages lands between 1 and 2. It may have pulled them before the table changed (a commit reports up to a
+    persist interval late), so the three A messages are lost at most: the snapshot before the window counts."""
+    rows = [sub(0, "A", "t"), sub(0, None, "t", "*", broker="b"), held(0, "A", "t", 0, 0),
+            *(r for k in (1, 2) for r in (sub(k, "A", "t"), sub(k, None, "t", "TagB", broker="b"),
+                                          held(k, "A", "t", 0, 6)))]  # fmt: skip
+    cons, commits_df, real = frames(spark, rows, [("t", 0, 6, T + 15_000, "A", 1)], {("t", 0): 6})
+    [(_, _, _, since, detail)] = found(undelivered(refusals(cons, commits_df, real), AS_OF))
+    assert (since, detail["messages"], detail["at_most"], detail["exact"]) == (T + 10_000, 0, 3, False)
+    assert sorted(f["broker_expression"] for f in detail["filters"]) == ["*", "TagB"]
+
+
+def test_what_an_admin_jumped_over_is_skipped_not_undelivered(spark: SparkSession) -> None:
+    """A holds queue 0 under the refusing filters of `tagged`; A commits 2, then an admin moves the offset to 6
+    (an OFFSET_JUMP): only the two A pulled were refused by a filter."""
+    rows = [r for k in range(3) for r in tagged(k, (0,), ())]
+    commits = [("t", 0, 2, T + 5_000, "A", 1), ("t", 0, 6, T + 6_000, None, 2)]
+    cons, commits_df, real = frames(spark, rows, commits, {("t", 0): 6})
+    [(_, _, _, _, detail)] = found(undelivered(refusals(cons, commits_df, real), AS_OF))
+    assert (detail["messages"], detail["first_offset"], detail["last_offset"]) == (2, 0, 1)
+
+
 def test_a_dlq_copy_is_dead_lettered_with_its_original_queue_and_transaction(spark: SparkSession) -> None:
     """Two copies in %DLQ%g: of a committed transactional message (its commit stored twice, on queue 1) and of a
     plain one; a retry copy is no finding, nor is a DLQ copy stored after as_of."""

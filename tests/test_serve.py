@@ -23,7 +23,7 @@ from typing import Any
 import pyspark
 import pytest
 
-from jobs.score import found_keys, read_truth, score
+from jobs.score import read_truth, score
 from schemas import LANDING
 from tests.test_ingest import make_landing
 
@@ -184,8 +184,8 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
     cli = subprocess.run([sys.executable, "-m", "jobs.sql", "SELECT count(*) AS n FROM half_events", "--format", "csv",
                           "--warehouse", str(warehouse)], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert (cli.returncode, cli.stdout) == (0, f"n\n{halves}\n"), cli.stderr[-2000:]
-    expected, _ = read_truth(source / "_truth")
-    scores = score(expected, found_keys(anomaly_rows(restarted)))
+    truth, _ = read_truth(source / "_truth")
+    scores = score(truth, anomaly_rows(restarted))
     assert all(s.perfect for s in scores.values()), {k: (s.false_positives[:3], s.false_negatives[:3])
                                                       for k, s in scores.items() if not s.perfect}  # fmt: skip
 

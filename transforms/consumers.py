@@ -12,6 +12,7 @@ there, reference §3.3).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import reduce
 from typing import NamedTuple
 
 from pyspark.sql import Column, DataFrame, Window
@@ -46,10 +47,12 @@ def subscription_text() -> Column:
 
 
 def snapshots(consumer_df: DataFrame) -> DataFrame:
-    """(consumer_group, snapshot_ts, k, next_ts, latest): every snapshot of every group, numbered in order."""
+    """(consumer_group, snapshot_ts, k, prev_ts, next_ts, latest): every snapshot of every group, numbered in
+    order, with the one before and after it."""
     order = Window.partitionBy("consumer_group").orderBy("snapshot_ts")
     return consumer_df.select(*SNAP).distinct().select(
-        *SNAP, F.row_number().over(order).alias("k"), F.lead("snapshot_ts").over(order).alias("next_ts"),
+        *SNAP, F.row_number().over(order).alias("k"), F.lag("snapshot_ts").over(order).alias("prev_ts"),
+        F.lead("snapshot_ts").over(order).alias("next_ts"),
         F.max("snapshot_ts").over(Window.partitionBy("consumer_group")).alias("latest"),
     )  # fmt: skip
 
@@ -205,14 +208,19 @@ def redeliveries(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: 
     return found.select(*_anomaly("REDELIVERY_AT_HANDOFF", key, "next_ts", detail, as_of))
 
 
+def _jumps(offset_commits_df: DataFrame) -> DataFrame:
+    """Commits that move a queue's offset forward from no member right after one from a member."""
+    return offset_commits_df.where(
+        (F.col("offset") > F.col("prev_offset")) & F.col("client_id").isNull() & F.col("prev_client_id").isNotNull()
+    )
+
+
 def offset_jumps(offset_commits_df: DataFrame, as_of: int) -> DataFrame:
     """OFFSET_JUMP: a commit that moves a queue's offset forward and comes from no member (no client id)
     right after one that did: an admin reset or a broker correction; the messages in between were never
     consumed by this group. Offsets from consumerOffset.json snapshots name no client, so this needs
     commits with their client ids. Detail: from, to, skipped."""
-    jumps = offset_commits_df.where(
-        (F.col("offset") > F.col("prev_offset")) & F.col("client_id").isNull() & F.col("prev_client_id").isNotNull()
-    )
+    jumps = _jumps(offset_commits_df)
     detail = F.struct(
         F.col("prev_offset").alias("from_offset"), F.col("offset").alias("to_offset"),
         (F.col("offset") - F.col("prev_offset")).alias("skipped"), F.col("prev_client_id").alias("client_before"),
@@ -258,9 +266,9 @@ def filters(consumer_df: DataFrame) -> DataFrame:
 
 class Refusals(NamedTuple):
     """What the tag filters refused: `windows` (two consecutive snapshots of a group and a queue a filter could
-    refuse on) and `per_message`, each message a window's committed offset passed that some member wanted and
-    some filter refused, `_every` when every filter the window may have had refuses it. UNDELIVERED and the
-    deliveries table both read them."""
+    refuse on, with the candidate filters and whether they agree, `exact`) and `per_message`, each message a
+    window's committed offset passed that some member wanted and some filter refused, `_every` when every filter the
+    window may have had refuses it. UNDELIVERED and the deliveries table both read them."""
 
     windows: DataFrame
     per_message: DataFrame
@@ -270,22 +278,34 @@ class Refusals(NamedTuple):
 
 
 def refusals(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame) -> Refusals:
-    """The refusals of tag filters between consecutive snapshots (see `Refusals`)."""
+    """The refusals of tag filters between consecutive snapshots (see `Refusals`).
+
+    The candidates of a window are the filters its two snapshots show and those of the snapshot before: a
+    member commits what it passed up to one persist interval (5 s) later, so a message the committed offset
+    passed in the window may have been pulled before it began. A group's first window has no snapshot before
+    it; its candidates are its own two. A snapshot that shows no filter for the queue (its broker did not
+    answer, nobody held it) leaves the window incomplete: what applied then is unknown, so no message of the
+    window counts as refused by every candidate."""
     candidates = filters(consumer_df)
     can_refuse = ~(takes_all(F.col("member_expression")) & takes_all(F.col("broker_expression")))
     snaps = snapshots(consumer_df).where(F.col("next_ts").isNotNull())
     config = F.struct("holder", "member_expression", "broker_expression", "wanted")
     at = candidates.select(*SNAP, *QUEUE, config.alias("config"), can_refuse.alias("can_refuse"))
+    window = ["consumer_group", "snapshot_ts", "prev_ts", "k", "latest"]
+    sides = [
+        snaps.join(at.withColumnRenamed("snapshot_ts", ts), on=["consumer_group", ts]).select(
+            *window, *QUEUE, "config", "can_refuse", F.lit(side).alias("side"))
+        for side, ts in enumerate(("prev_ts", "snapshot_ts", "next_ts"))
+    ]  # fmt: skip
     windows = (
-        snaps.join(at, on=SNAP).select("consumer_group", "snapshot_ts", "k", "latest", *QUEUE, "config", "can_refuse",
-                                       F.lit(0).alias("side"))
-        .unionByName(snaps.join(at.withColumnRenamed("snapshot_ts", "next_ts"), on=["consumer_group", "next_ts"])
-                     .select("consumer_group", "snapshot_ts", "k", "latest", *QUEUE, "config", "can_refuse",
-                             F.lit(1).alias("side")))
-        .groupBy("consumer_group", "snapshot_ts", "k", "latest", *QUEUE)
+        reduce(DataFrame.unionByName, sides)
+        .groupBy(*window, *QUEUE)
         .agg(F.collect_set("config").alias("configs"), F.max("can_refuse").alias("can_refuse"),
              F.countDistinct("side").alias("sides"))
         .where("can_refuse")
+        .withColumn("complete", F.col("sides") == F.when(F.col("prev_ts").isNull(), 2).otherwise(3))
+        .withColumn("exact", F.col("complete") & (F.size("configs") == 1))
+        .drop("prev_ts", "sides")
         .join(snaps.select(*SNAP, "next_ts"), on=SNAP)
     )  # fmt: skip
     start = queue_state(windows, offset_commits_df, real_df).select(*SNAP, *QUEUE, F.col("committed").alias("c0"))
@@ -304,12 +324,21 @@ def refusals(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: Data
         tag_matches(c["broker_expression"], F.col("tags")).alias("broker"),
         tag_matches(c["member_expression"], F.col("tags")).alias("member")))  # fmt: skip
     lost = F.filter("_judged", lambda j: j["wanted"] & ~(j["broker"] & j["member"]))
+    # What an OFFSET_JUMP moved the offset over was skipped by an admin, not refused by a filter.
+    keys = [*QUEUE, "consumer_group"]
+    skips = _jumps(offset_commits_df).select(
+        *(F.col(c).alias(f"_{c}") for c in keys), F.col("commit_timestamp").alias("_at"),
+        F.col("prev_offset").alias("_from"), F.col("offset").alias("_to"))  # fmt: skip
+    skipped = reduce(lambda a, b: a & b, [F.col(c) == F.col(f"_{c}") for c in keys]) & (
+        (F.col("_at") > F.col("snapshot_ts")) & (F.col("_at") <= F.col("next_ts"))
+        & (F.col("queue_offset") >= F.col("_from")) & (F.col("queue_offset") < F.col("_to")))  # fmt: skip
     per_message = (
         F.broadcast(passed).join(messages, on=QUEUE).where(in_window)
+        .join(F.broadcast(skips), on=skipped, how="left_anti")
         .withColumn("_judged", judged)
         .withColumn("_lost", F.size(lost))
         .where(F.col("_lost") > 0)
-        .withColumn("_every", F.col("_lost") == F.size("_judged"))
+        .withColumn("_every", F.col("complete") & (F.col("_lost") == F.size("_judged")))
         .withColumn("_refused_by", F.transform(lost, lambda j: F.when(~j["broker"], "broker").otherwise("member")))
     )  # fmt: skip
     return Refusals(windows, per_message)
@@ -324,12 +353,14 @@ def undelivered(refused: Refusals, as_of: int) -> DataFrame:
     """UNDELIVERED: between two consecutive snapshots of a group, the messages of a queue that the committed
     offset passed, that some member's expression wants, and that the broker's table or the holder's own
     expression refused (cause TAG_FILTER). One finding per queue and run of consecutive snapshots in which a
-    filter of the queue could refuse a message, if it did; the event is the first snapshot before a loss.
+    filter of the queue could refuse a message, if one did; the event is the first snapshot before a loss.
 
     The filters that applied in between are the ones both snapshots show; `exact` says they agree. When
     they differ (a hand-off, a new table) `messages` counts what every candidate refuses and `at_most`
-    what any refuses. Detail: messages, at_most, exact, first and last offset, refused_by (broker, member),
-    the filters (holder and both expressions), since, until, ongoing. Messages passed before a group's
+    what any refuses: a window whose candidates disagree on every message counts as a loss of up to
+    `at_most` (with `messages` 0), since which filter applied when cannot be told from the snapshots.
+    Detail: messages, at_most, exact, first and last offset, refused_by (broker, member), the filters
+    (holder and both expressions), since, until, ongoing. Messages passed before a group's
     first snapshot are not judged: nothing shows the filters then."""
     windows, per_message = refused
     per_window = (
@@ -341,13 +372,12 @@ def undelivered(refused: Refusals, as_of: int) -> DataFrame:
             F.max(F.when(F.col("_every"), F.col("queue_offset"))).alias("last_offset"),
             F.array_distinct(F.flatten(F.collect_list("_refused_by"))).alias("refused_by"),
             F.first("configs").alias("configs"),
-            F.first("sides").alias("sides"),
+            F.first("exact").alias("exact"),
         )
-        .where(F.col("messages") > 0)
+        .where(F.col("at_most") > 0)
     )
-    exact = (F.col("sides") == 2) & (F.size("configs") == 1)
     runs = islands(windows.select("consumer_group", *QUEUE, "k"), ["consumer_group", *QUEUE])
-    lossy = per_window.withColumn("exact", exact).join(runs, on=["consumer_group", *QUEUE, "k"])
+    lossy = per_window.join(runs, on=["consumer_group", *QUEUE, "k"])
     found = lossy.groupBy("consumer_group", *QUEUE, "island").agg(
         F.min("snapshot_ts").alias("since"), F.max("next_ts").alias("until"), F.max("latest").alias("latest"),
         F.sum("messages").alias("messages"), F.sum("at_most").alias("at_most"),
