@@ -9,14 +9,14 @@ UNDELIVERED is judged on what snapshots can show (DESIGN §2): the truth follows
 consecutive snapshots of a group in which a filter of the queue, as the model's state had it at either snapshot or
 at the one before (a commit reports passes up to a persist interval late), could refuse, in runs; a run is a finding
 from the first window in which a filter seen refused a wanted message the committed offset passed. The finding
-carries `messages_refused`, the wanted messages of its windows that a filter really refused, for the score to hold
-against the finding's bounds.
+carries `refused_offsets` and their count `messages_refused`: the wanted messages of its windows that a filter
+really refused, for the score to hold against the finding's bounds and the deliveries table against each message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MQ = tuple[str, str, int]  # (topic, broker_name, queue_id)
@@ -60,7 +60,8 @@ class _Run:
     k: int  # the last window's number
     since: int | None = None
     until: int = 0
-    refused: int = 0
+    refused: int = 0  # per window, as the rule counts: an offset passed in two windows counts twice
+    offsets: set[int] = field(default_factory=set)
 
 
 class FilterWatch:
@@ -118,7 +119,9 @@ class FilterWatch:
         if run.since is None:
             run.since = before.ts
         run.until = now
-        run.refused += len(self.refused.get(key, set()).intersection(passed))
+        refused = self.refused.get(key, set()).intersection(passed)
+        run.refused += len(refused)
+        run.offsets |= refused
 
     def _end(self, key: tuple[str, MQ]) -> None:
         run = self.runs.pop(key)
@@ -128,7 +131,7 @@ class FilterWatch:
         self.truth({"anomaly_type": "UNDELIVERED", "reason": None, "broker_name": broker, "consumer_group": group,
                     "topic": topic, "queue_id": queue_id, "event_ts": run.since,
                     "detail": {"since": run.since, "until": run.until, "messages_refused": run.refused,
-                               "cause": "TAG_FILTER"}})  # fmt: skip
+                               "refused_offsets": sorted(run.offsets), "cause": "TAG_FILTER"}})  # fmt: skip
 
     def close(self) -> None:
         for key in sorted(self.runs):

@@ -168,11 +168,14 @@ class Simulation:
         for _ in range(p.offset_reset):
             self.at(when(), P_CONTROL, consumers.offset_reset, rng.choice(consumer_groups))
         incidents = ((p.offset_skip, consumers.offset_skip), (p.subscription_drift, consumers.subscription_drift),
-                     (p.stale_client_list, consumers.stale_client_list),
-                     (p.tag_drift, consumers.tag_drift))  # fmt: skip
+                     (p.stale_client_list, consumers.stale_client_list))  # fmt: skip
         for count, fn in incidents:
             for _ in range(count):
                 self.at(crng.randint(*span), P_CONTROL, fn, crng.choice(consumer_groups))
+        # A tag drift starts in the first half of the traffic, so it has messages to lose while it lasts.
+        early = (START_MS + 10_000, START_MS + max(20_000, window // 2))
+        for _ in range(p.tag_drift):
+            self.at(crng.randint(*early), P_CONTROL, consumers.tag_drift, crng.choice(consumer_groups))
 
     def fault(self, txn: Txn | None, name: str) -> None:
         self.summary.faults[name] = self.summary.faults.get(name, 0) + 1

@@ -15,6 +15,7 @@ from jobs.cli import main
 from jobs.config import Config
 from jobs.reconcile import reconcile
 from jobs.score import score
+from schemas.truth import truth_key
 from tests.broker.harness import run_model
 from tests.test_ingest import fresh_db, ingest, make_landing, version
 
@@ -68,6 +69,17 @@ def test_precision_and_recall_are_one_for_every_profile_and_seed(
     for kind, s in scores.items():
         assert s.perfect, (kind, s.false_positives[:5], s.false_negatives[:5], s.miscounted[:5])
     assert not [r for r in found if r["broker_name"].split("/")[0] in clean_prefixes]
+    _deliveries_hold_what_the_filters_refused(spark, cfg, truth)
+
+
+def _deliveries_hold_what_the_filters_refused(spark: SparkSession, cfg: Config, truth: list[dict[str, Any]]) -> None:
+    """Message by message: every message the deliveries table calls UNDELIVERED (certainly refused, by every
+    filter its window may have had) a filter really refused in the model."""
+    refused = {(*truth_key(a)[:4], o) for a in truth if a["anomaly_type"] == "UNDELIVERED"
+               for o in a["detail"]["refused_offsets"]}  # fmt: skip
+    rows = spark.table(cfg.table("deliveries")).where("status = 'UNDELIVERED'").collect()
+    undelivered = {(r.broker_name, r.consumer_group, r.topic, r.queue_id, r.queue_offset) for r in rows}
+    assert undelivered and undelivered <= refused, sorted(undelivered - refused)[:5]
 
 
 @dataclass(frozen=True)
