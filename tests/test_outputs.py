@@ -56,7 +56,7 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Shipped:
     code for expressions, as production does."""
     root = tmp_path_factory.mktemp("shipped")
     writer = LandingWriter(root / "landing", "jsonl", 5000)
-    summary = simulate(800, 13, dataclasses.replace(PROFILES["chaos"], txn_per_second=2.0), writer)
+    summary = simulate(800, 17, dataclasses.replace(PROFILES["chaos"], txn_per_second=2.0), writer)
     writer.close(summary, {})
     as_of = summary.as_of + HOUR
     # Spark's own expression code generation (FALLBACK), which the rest of the suite turns off.

@@ -97,14 +97,15 @@ GROUP_COUNTS = {
     "STRANDED_QUEUE": "lag",
     "REDELIVERY_AT_HANDOFF": "duplicates_estimate",
     "OFFSET_JUMP": "skipped",
-    "UNDELIVERED": "messages",
+    "UNDELIVERED": "at_most",  # messages certainly lost may be 0 where the filters seen disagree
     "DEAD_LETTERED": "reconsume_times",
 }
 
 
 def group_findings(anomalies_df: DataFrame) -> DataFrame:
     """One row per consumer-group finding; a problem when it lacks its group, or (a queue finding) its queue,
-    or its count (lag, duplicates estimate, messages skipped or undelivered) is not positive."""
+    or its count (lag, duplicates estimate, messages skipped, possibly undelivered or dead-lettered) is not
+    positive."""
     found = anomalies_df.where(F.col("anomaly_type").isin("SUBSCRIPTION_CONFLICT", *GROUP_COUNTS))
     count = F.coalesce(*[F.when(F.col("anomaly_type") == t, F.get_json_object("detail", f"$.{c}").cast("long"))
                          for t, c in GROUP_COUNTS.items()])  # fmt: skip
