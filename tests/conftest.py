@@ -52,7 +52,15 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Config:
     return load_config(
         overrides={
             "warehouse": str(warehouse),
-            "spark": {"conf": {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}},
+            # The session lives through every Spark test file of its worker; at the default 1 GiB its heap
+            # ran out late in a full run ("GC overhead limit exceeded" in test_consumer_rules).
+            "spark": {
+                "conf": {
+                    "spark.sql.shuffle.partitions": "2",
+                    "spark.default.parallelism": "2",
+                    "spark.driver.memory": "2g",
+                }
+            },
         }
     )
 

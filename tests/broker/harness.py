@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from broker.profiles import PROFILES, BrokerSettings, Profile
@@ -146,7 +147,7 @@ def reference_findings(
         if before is not None and o["offset"] > before[0] and before[1] and not o.get("client_id"):
             found.add(("OFFSET_JUMP", *q, o["commit_timestamp"], o.get("seq")))
         last_offset[q] = (o["offset"], o.get("client_id"))
-    return states, found | group_findings(records, thr) | dead_letters(records, as_of)
+    return states, found | group_findings(records, thr) | dead_letters(records, as_of) | undelivered(records)
 
 
 def dead_letters(records: dict[str, list[dict[str, Any]]], as_of: int) -> set[tuple[Any, ...]]:
@@ -226,4 +227,88 @@ def group_findings(records: dict[str, list[dict[str, Any]]], thr: Thresholds) ->
         for q, (since, until) in episodes + list(stranded.items()):
             if until - since >= thr.stranded_after_ms:
                 found.add(("STRANDED_QUEUE", q[0], group, q[1], q[2], since))
+    return found
+
+
+def _takes(expression: str | None, tag: str | None) -> bool:
+    """A tag expression's verdict on a tag: `*` (or none) takes all, `A || B` those tagged A or B."""
+    tags = {t.strip() for t in (expression or "*").split("||")}
+    return "*" in tags or tag in tags
+
+
+def undelivered(records: dict[str, list[dict[str, Any]]]) -> set[tuple[Any, ...]]:
+    """UNDELIVERED keys by DESIGN §2 from the records alone: per group and queue, each run of consecutive
+    snapshot windows in which a filter could refuse, from the first window in which the committed offset
+    passed a wanted message that one of the window's filters (those of its two snapshots and of the one
+    before) refused; messages an admin jump skipped do not count."""
+    subs: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    held: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in records["consumer"]:
+        (held if r["kind"] == "queue" else subs)[(r["consumer_group"], r["snapshot_ts"])].append(r)
+    tags: dict[tuple[str, str, int], dict[int, str | None]] = defaultdict(dict)
+    for m in records["real"]:
+        tags[(m["broker_name"], m["topic"], m["queue_id"])][m["queue_offset"]] = m.get("tags")
+    commits: dict[tuple[str, str, str, int], list[tuple[int, int, int, str | None]]] = defaultdict(list)
+    for o in records["offset"]:
+        key = (o["consumer_group"], o["broker_name"], o["topic"], o["queue_id"])
+        commits[key].append((o["commit_timestamp"], o.get("seq", 0), o["offset"], o.get("client_id")))
+    for chain in commits.values():
+        chain.sort(key=lambda c: c[:3])
+
+    def filters_at(group: str, ts: int) -> dict[tuple[str, str, int], set[tuple[Any, ...]]]:
+        own = {(r["client_id"], r["topic"]): r.get("expression") for r in subs[(group, ts)] if r.get("client_id")}
+        table = {(r["broker_name"], r["topic"]): r.get("expression") for r in subs[(group, ts)]
+                 if not r.get("client_id")}  # fmt: skip
+        wanted: dict[str, set[str]] = defaultdict(set)
+        for (_, topic), e in own.items():
+            wanted[topic].add(e or "*")
+        out: dict[tuple[str, str, int], set[tuple[Any, ...]]] = defaultdict(set)
+        for q in held[(group, ts)]:
+            mine, theirs = (q["client_id"], q["topic"]), (q["broker_name"], q["topic"])
+            if mine in own and theirs in table:
+                out[(q["broker_name"], q["topic"], q["queue_id"])].add(
+                    (own[mine], table[theirs], tuple(sorted(wanted[q["topic"]])))
+                )
+        return out
+
+    def committed(group: str, q: tuple[str, str, int], ts: int) -> int:
+        done = [c for c in commits[(group, *q)] if c[0] <= ts]
+        return done[-1][2] if done else min(tags[q], default=0)
+
+    def skipped(group: str, q: tuple[str, str, int], after: int, until: int) -> set[int]:
+        chain, out = commits[(group, *q)], set()
+        for before, c in pairwise(chain):
+            if c[2] > before[2] and c[3] is None and before[3] is not None and after < c[0] <= until:
+                out |= set(range(before[2], c[2]))
+        return out
+
+    found: set[tuple[Any, ...]] = set()
+    for group in sorted({g for g, _ in subs}):
+        times = sorted({ts for g, ts in subs if g == group} | {ts for g, ts in held if g == group})
+        at = [filters_at(group, ts) for ts in times]
+        last_window: dict[tuple[str, str, int], int] = {}  # queue -> the last window that could refuse
+        since: dict[tuple[str, str, int], int | None] = {}  # queue -> its run's first lossy window, if any
+        for k in range(len(times) - 1):
+            sides = [at[k - 1]] if k > 0 else []
+            sides += [at[k], at[k + 1]]
+            for q in sorted({q for side in sides for q in side}):
+                configs = set().union(*(side.get(q, set()) for side in sides))
+                if all(_takes(member, None) and _takes(table, None) for member, table, _ in configs):
+                    continue
+                if last_window.get(q) != k - 1 and since.get(q) is not None:
+                    found.add(("UNDELIVERED", q[0], group, q[1], q[2], since[q]))
+                if last_window.get(q) != k - 1:
+                    since[q] = None
+                last_window[q] = k
+                c0, c1 = committed(group, q, times[k]), committed(group, q, times[k + 1])
+                jumped = skipped(group, q, times[k], times[k + 1])
+                lost = any(
+                    any(_takes(e, tags[q].get(o)) for e in wanted)
+                    and not (_takes(table, tags[q].get(o)) and _takes(member, tags[q].get(o)))
+                    for o in range(c0, c1) if o in tags[q] and o not in jumped
+                    for member, table, wanted in configs
+                )  # fmt: skip
+                if lost and since.get(q) is None:
+                    since[q] = times[k]
+        found |= {("UNDELIVERED", q[0], group, q[1], q[2], t) for q, t in since.items() if t is not None}
     return found
