@@ -75,9 +75,10 @@ test: lint browser promtool airflow rocketmq
 run: setup
 	$(BIN)/txn-recon demo --out landing/demo --transactions 100000 --profile default
 
-# Ingest and reconcile at 1M and 5M transactions, then 1% more events reconciled incrementally:
-# per-stage wall time, throughput and peak driver memory, also in artifacts/bench.json. Landings are
-# kept in landing/bench-N for the next run. BENCH_TRANSACTIONS="1000000" for the smaller size only.
+# Ingest and reconcile at 1M and 2M transactions, then 1% more events reconciled incrementally: per-stage
+# wall time, throughput, peak memory and Spark's own counts, and DuckDB running the same rules on the same
+# landing beside them (the ratio, and every finding compared: exit 1 if they differ); also in
+# artifacts/bench.json. Landings are kept in landing/bench-N. BENCH_TRANSACTIONS="1000000" for 1M only.
 bench: setup
 	$(BIN)/python -m tests.bench.bench_pipeline
 
