@@ -7,8 +7,10 @@ every delivery of it fails the same way and no draw of the simulation's random s
 time the group consumes a poison message it is sent back: the broker stores a copy in `%RETRY%<group>` after
 the delay of level 3 + its reconsume times (messageDelayLevel), the group consumes the copy once it is stored
 and fails it again, and the copy that fails with `max_reconsume` reconsume times goes to `%DLQ%<group>` (one
-queue) at once. A copy keeps the original's born time, properties and flags, a transactional one's included;
-it is never a business message. Copies waiting for their delay in SCHEDULE_TOPIC_XXXX are not modelled.
+queue) at once. Meanwhile the send-back waits in SCHEDULE_TOPIC_XXXX, queue level - 1, stored when it was
+sent back (HookUtils.transformDelayLevelMessage; the schedule service copies it to the retry topic when the
+delay is over). A copy keeps the original's born time, properties and flags, a transactional one's
+included; it is never a business message.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from broker.topology import DISCARD_TOPIC
 DELAY_LEVELS_MS = tuple(s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200,
                                            1800, 3600, 7200))  # fmt: skip
 MAX_RECONSUME = 3  # the model's groups set maxReconsumeTimes 3 (16 by default: hours of delays)
-RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"
+RETRY_PREFIX, DLQ_PREFIX, SCHEDULE_TOPIC = "%RETRY%", "%DLQ%", "SCHEDULE_TOPIC_XXXX"
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class SendBack:
                  truth: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
         self.cut = int(ratio * 2**32)
         self.at, self.store, self.emit, self.truth = at, store, emit, truth
-        self.next_offset: dict[tuple[str, str], int] = {}
+        self.next_offset: dict[tuple[str, str, int], int] = {}
         self.originals: dict[tuple[str, str, int], list[Original]] = {}  # by (topic, broker, queue), in offset order
 
     def poison(self, group: str, uniq_key: str) -> bool:
@@ -77,24 +79,27 @@ class SendBack:
         if times >= MAX_RECONSUME:
             self._copy((now, group, broker, original, times + 1))
         else:
-            later = now + DELAY_LEVELS_MS[3 + times - 1]  # level 3 + reconsume times; levels count from 1
-            self.at(later, self._copy, (later, group, broker, original, times + 1))
+            self._schedule((now, group, broker, original, times + 1))
+
+    def _schedule(self, arg: tuple[int, str, str, Original, int]) -> None:
+        """The send-back of a message failed `times` - 1 times before, waiting for the delay of its level."""
+        now, group, broker, original, times = arg
+        level = 3 + times - 1  # level 3 + the reconsume times it was consumed with; levels count from 1
+        if self._store_copy(now, broker, SCHEDULE_TOPIC, level - 1, group, "scheduled", original, times) is None:
+            self.at(now + 1000, self._schedule, (now + 1000, group, broker, original, times))
+            return
+        later = now + DELAY_LEVELS_MS[level - 1]
+        self.at(later, self._copy, (later, group, broker, original, times))
 
     def _copy(self, arg: tuple[int, str, str, Original, int]) -> None:
         now, group, broker, original, times = arg
         dead = times > MAX_RECONSUME
         topic = (DLQ_PREFIX if dead else RETRY_PREFIX) + group
-        phys = self.store(broker, 300)
-        if phys is None:
+        offset = self._store_copy(now, broker, topic, 0, group, "dead_letter" if dead else "retry", original, times)
+        if offset is None:
             self.at(now + 1000, self._copy, (now + 1000, group, broker, original, times))
             return
-        offset = self.next_offset.get((broker, topic), 0)
-        self.next_offset[(broker, topic)] = offset + 1
         o = original
-        # COPY field order (schemas/landing.py); retry and DLQ topics have one queue here.
-        self.emit((broker, topic, 0, offset, phys, now, o.born_ts, group, "dead_letter" if dead else "retry",
-                   o.topic, o.message_id, o.uniq_key, times, o.transactional, o.transaction_id, o.tags, o.keys),
-                  now)  # fmt: skip
         if dead:
             self.truth({"anomaly_type": "DEAD_LETTERED", "reason": None, "broker_name": broker,
                         "consumer_group": group, "topic": o.topic, "queue_id": o.queue_id, "event_ts": now,
@@ -102,3 +107,16 @@ class SendBack:
                                                            "transaction_id": o.transaction_id}})  # fmt: skip
         else:
             self._failed((now, group, broker, original, times))  # consumed as soon as it is stored, and failed
+
+    def _store_copy(self, now: int, broker: str, topic: str, queue_id: int, group: str, kind: str, o: Original,
+                    times: int) -> int | None:  # fmt: skip
+        """Store and emit one copy; its queue offset, or None while the broker is down."""
+        phys = self.store(broker, 300)
+        if phys is None:
+            return None
+        offset = self.next_offset.get((broker, topic, queue_id), 0)
+        self.next_offset[(broker, topic, queue_id)] = offset + 1
+        # COPY field order (schemas/landing.py); retry and DLQ topics have one queue here.
+        self.emit((broker, topic, queue_id, offset, phys, now, o.born_ts, group, kind, o.topic, o.message_id,
+                   o.uniq_key, times, o.transactional, o.transaction_id, o.tags, o.keys), now)  # fmt: skip
+        return offset

@@ -375,7 +375,7 @@ def _pull_all(conn: Connection, group: str, broker: str, queues: list[QueueId], 
     round trip per chunk of queues, and the broker never holds more than a few MiB of answers for us. The
     `indexed` queues are read through the store's index instead (client.read_by_index), with the same
     answer. A stop asked for ends the pull after the round in flight; the rest is read next pass."""
-    routes: dict[str, tuple[Callable[[str, Message], tuple[Any, ...]], Stream] | None] = {}
+    routes: dict[str, tuple[Callable[[str, Message], tuple[Any, ...] | None], Stream] | None] = {}
     retries: Counter[QueueId] = Counter()
     active = list(queues)
     pulled = next_progress = 0
@@ -425,8 +425,9 @@ def _apply(result: PullResult, queue: QueueId, broker: str, state: BrokerState, 
                 if route is False:
                     name = stream_of(entry.topic)
                     route = routes[entry.topic] = None if name is None else (RECORD[name], streams[name])
-                if route is not None:
-                    route[1].add(route[0](broker, entry))
+                record = None if route is None else route[0](broker, entry)
+                if route is not None and record is not None:
+                    route[1].add(record)
                 run.messages[entry.topic] += 1
             elif isinstance(entry, Corrupt):
                 # The position stays before this batch: next pass reads it again (its good messages as

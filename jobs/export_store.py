@@ -191,7 +191,7 @@ def _export_commitlog(store: Path, landing: Path, broker: str, state: State, sum
     prefix = f"store-{broker}-{state.position:020d}"
     streams = {name: Stream(landing / name, prefix, ENCODE[name]) for name in RECORD}
     # Per topic: how its messages become records and the stream they go to (None: skipped).
-    routes: dict[str, tuple[Callable[[str, Message], tuple[Any, ...]], Stream] | None] = {}
+    routes: dict[str, tuple[Callable[[str, Message], tuple[Any, ...] | None], Stream] | None] = {}
     stop = Stop(state.position)
     halves = Halves(files)
     try:
@@ -210,7 +210,11 @@ def _export_commitlog(store: Path, landing: Path, broker: str, state: State, sum
                 summary.skipped[item.topic] += 1
                 continue
             to_record, stream = route
-            stream.add(to_record(broker, item))
+            record = to_record(broker, item)
+            if record is None:
+                summary.skipped[item.topic] += 1
+                continue
+            stream.add(record)
     finally:
         halves.close()
         for name, s in streams.items():

@@ -82,17 +82,22 @@ REAL = Schema(
 )
 
 # A consumer's copies of a message it failed (DESIGN §1, "Consumer copies"): sent back to `%RETRY%<group>`
-# to be consumed again after a delay, or to `%DLQ%<group>` once it failed maxReconsumeTimes times.
-RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"
-COPY_KINDS = ("retry", "dead_letter")
+# to be consumed again after a delay, or to `%DLQ%<group>` once it failed maxReconsumeTimes times. The send-back
+# is first stored in SCHEDULE_TOPIC_XXXX (queue: its delay level - 1) with REAL_TOPIC naming the retry topic,
+# and copied there when its delay is over (HookUtils.transformDelayLevelMessage, ScheduleMessageService).
+RETRY_PREFIX, DLQ_PREFIX, SCHEDULE_TOPIC = "%RETRY%", "%DLQ%", "SCHEDULE_TOPIC_XXXX"
+COPY_KINDS = ("retry", "dead_letter", "scheduled")
 
 COPY = Schema(
     "copy",
-    (Field("broker_name", "string"), Field("topic", "string", doc="%RETRY%<group> or %DLQ%<group>"))
+    (
+        Field("broker_name", "string"),
+        Field("topic", "string", doc="%RETRY%<group>, %DLQ%<group>, or SCHEDULE_TOPIC_XXXX for a send-back waiting"),
+    )
     + _STORED[1:]
     + (
         Field("consumer_group", "string", doc="the group whose consumer sent it back"),
-        Field("kind", "string", doc="retry or dead_letter"),
+        Field("kind", "string", doc="retry, dead_letter, or scheduled: a send-back waiting for its delay"),
         Field("origin_topic", "string", nullable=True, doc="RETRY_TOPIC: the topic the message was sent to"),
         Field("origin_message_id", "string", nullable=True, doc="ORIGIN_MESSAGE_ID"),
         Field("uniq_key", "string", nullable=True, doc="UNIQ_KEY, the original's"),

@@ -15,9 +15,18 @@ RocksDB: a discard leaves no message (README, RocketMQ versions).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from schemas.landing import DLQ_PREFIX, HALF_TOPIC, OP_TOPIC, RETRY_PREFIX, ROCKSDB_HALF_TOPIC, ROCKSDB_OP_TOPIC
+from schemas.landing import (
+    DLQ_PREFIX,
+    HALF_TOPIC,
+    OP_TOPIC,
+    RETRY_PREFIX,
+    ROCKSDB_HALF_TOPIC,
+    ROCKSDB_OP_TOPIC,
+    SCHEDULE_TOPIC,
+)
 from sources.commitlog import TRANSACTION_BITS, Message, properties
 
 DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
@@ -47,8 +56,8 @@ def stream_of(topic: str) -> str | None:
 
 
 def is_copy_topic(topic: str) -> bool:
-    """A consumer group's retry or DLQ topic."""
-    return topic.startswith((RETRY_PREFIX, DLQ_PREFIX))
+    """A consumer group's retry or DLQ topic, or the schedule topic where send-backs wait for their delay."""
+    return topic.startswith((RETRY_PREFIX, DLQ_PREFIX)) or topic == SCHEDULE_TOPIC
 
 
 def _int(value: str | None) -> int | None:
@@ -102,15 +111,24 @@ def real_record(broker: str, m: Message) -> tuple[Any, ...]:
             get("TAGS"), get("KEYS"), m.body_size, m.reconsume_times)  # fmt: skip
 
 
-def copy_record(broker: str, m: Message) -> tuple[Any, ...]:
+def copy_record(broker: str, m: Message) -> tuple[Any, ...] | None:
+    """A retry or DLQ copy; in SCHEDULE_TOPIC_XXXX, a send-back waiting for its delay (REAL_TOPIC names the
+    retry topic it is bound for), and None for anything else there (a producer's delayed message)."""
+    if m.topic != SCHEDULE_TOPIC:
+        return _copy(broker, m, m.topic, "dead_letter" if m.topic.startswith(DLQ_PREFIX) else "retry")
+    bound_for = properties(m.properties).get("REAL_TOPIC") or ""
+    return _copy(broker, m, bound_for, "scheduled") if bound_for.startswith(RETRY_PREFIX) else None
+
+
+def _copy(broker: str, m: Message, copy_topic: str, kind: str) -> tuple[Any, ...]:
     get = properties(m.properties).get
-    dead = m.topic.startswith(DLQ_PREFIX)
     # A pop consumer's retry topic (5.x) also names the topic: %RETRY%<group>+<topic>.
-    group = m.topic.removeprefix(DLQ_PREFIX if dead else RETRY_PREFIX).split("+")[0]
+    group = copy_topic.removeprefix(DLQ_PREFIX if kind == "dead_letter" else RETRY_PREFIX).split("+")[0]
     return (broker, m.topic, m.queue_id, m.queue_offset, m.physical_offset, m.store_timestamp, m.born_timestamp,
-            group, "dead_letter" if dead else "retry", get("RETRY_TOPIC"), get("ORIGIN_MESSAGE_ID"), get("UNIQ_KEY"),
-            m.reconsume_times, get("TRAN_MSG") == "true", get("__transactionId__"), get("TAGS"),
-            get("KEYS"))  # fmt: skip
+            group, kind, get("RETRY_TOPIC"), get("ORIGIN_MESSAGE_ID"), get("UNIQ_KEY"), m.reconsume_times,
+            get("TRAN_MSG") == "true", get("__transactionId__"), get("TAGS"), get("KEYS"))  # fmt: skip
 
 
-RECORD = {"half": half_record, "op": op_record, "real": real_record, "copy": copy_record}
+# Each gives the landing record of a message of its stream, or None for one the stream does not take.
+RECORD: dict[str, Callable[[str, Message], tuple[Any, ...] | None]] = {
+    "half": half_record, "op": op_record, "real": real_record, "copy": copy_record}  # fmt: skip

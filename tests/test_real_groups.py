@@ -266,14 +266,22 @@ def test_messages_failed_until_the_dlq_are_dead_lettered_and_their_copies_are_no
     spark: SparkSession, played: Played
 ) -> None:
     """Each failed message was tried three times (reconsume times 0, 1, 2): the broker stored two retry copies
-    of it, then one in %DLQ%CG_RETRY. Copies land in copy_events, never as real messages or commits."""
+    of it, each first in SCHEDULE_TOPIC_XXXX for its delay, then one in %DLQ%CG_RETRY. Copies land in
+    copy_events, never as real messages or commits."""
     sent = {r["key"]: r for r in played.retry if r["kind"] == "retry_sent"}
     tries = Counter(r["key"] for r in played.retry if r["kind"] == "attempt")
     failed = {f"R-{i}" for i in range(FAILED)} | {"R-txn"}
     assert {k for k, n in tries.items() if n > 1} == failed and all(tries[k] == 3 for k in failed), tries
     copies = spark.table(played.cfg.table("copy_events")).where("consumer_group = 'CG_RETRY'").collect()
     assert Counter((c["kind"], c["reconsume_times"]) for c in copies) == {
-        ("retry", 1): len(failed), ("retry", 2): len(failed), ("dead_letter", 3): len(failed)}  # fmt: skip
+        ("scheduled", 1): len(failed), ("scheduled", 2): len(failed), ("retry", 1): len(failed),
+        ("retry", 2): len(failed), ("dead_letter", 3): len(failed)}  # fmt: skip
+    # A send-back waits in the queue of its delay level (3 + the times it was consumed before: level - 1), and
+    # reaches the retry topic after it.
+    retried = {(c["keys"], c["reconsume_times"]): c for c in copies if c["kind"] == "retry"}
+    for waited in (c for c in copies if c["kind"] == "scheduled"):
+        assert (waited["topic"], waited["queue_id"]) == ("SCHEDULE_TOPIC_XXXX", 2 + waited["reconsume_times"] - 1)
+        assert waited["store_timestamp"] <= retried[(waited["keys"], waited["reconsume_times"])]["store_timestamp"]
     assert {c["keys"] for c in copies} == failed and {c["origin_topic"] for c in copies} == {"TopicR"}
     [txn_copy] = {c["transaction_id"] for c in copies if c["keys"] == "R-txn" and c["transactional"]}
     assert txn_copy == sent["R-txn"]["transaction_id"]
