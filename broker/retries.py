@@ -116,7 +116,8 @@ class SendBack:
             return None
         offset = self.next_offset.get((broker, topic, queue_id), 0)
         self.next_offset[(broker, topic, queue_id)] = offset + 1
-        # COPY field order (schemas/landing.py); retry and DLQ topics have one queue here.
+        # COPY field order (schemas/landing.py); retry and DLQ topics have one queue here, the schedule topic
+        # one per delay level.
         self.emit((broker, topic, queue_id, offset, phys, now, o.born_ts, group, kind, o.topic, o.message_id,
                    o.uniq_key, times, o.transactional, o.transaction_id, o.tags, o.keys), now)  # fmt: skip
         return offset

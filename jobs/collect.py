@@ -425,8 +425,7 @@ def _apply(result: PullResult, queue: QueueId, broker: str, state: BrokerState, 
                 if route is False:
                     name = stream_of(entry.topic)
                     route = routes[entry.topic] = None if name is None else (RECORD[name], streams[name])
-                record = None if route is None else route[0](broker, entry)
-                if route is not None and record is not None:
+                if route is not None and (record := route[0](broker, entry)) is not None:
                     route[1].add(record)
                 run.messages[entry.topic] += 1
             elif isinstance(entry, Corrupt):
