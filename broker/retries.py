@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.topology import DISCARD_TOPIC
+from schemas.landing import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC
 
 # messageDelayLevel's default, levels 1..18; a send-back takes level 3 + the message's reconsume times.
 DELAY_LEVELS_MS = tuple(s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200,
                                            1800, 3600, 7200))  # fmt: skip
 MAX_RECONSUME = 3  # the model's groups set maxReconsumeTimes 3 (16 by default: hours of delays)
-RETRY_PREFIX, DLQ_PREFIX, SCHEDULE_TOPIC = "%RETRY%", "%DLQ%", "SCHEDULE_TOPIC_XXXX"
 
 
 @dataclass(frozen=True)
