@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from jobs.config import ENVIRONMENTS, load_config
 from jobs.errors import EngineError, TxnReconError
 from jobs.lock import LockedError
+from sources.landing_files import LandingError
 
 log = logging.getLogger("txn_recon")
 EXIT_BUSY = 4
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LockedError as e:
         print(f"{prog}: busy: {e}", file=sys.stderr)
         return EXIT_BUSY
-    except TxnReconError as e:
+    except (TxnReconError, LandingError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except EngineError as e:

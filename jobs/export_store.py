@@ -23,10 +23,10 @@ from typing import Any
 
 from jobs.config import Config
 from jobs.errors import TxnReconError
-from jobs.landing_files import ENCODE, Stream, make_landing, read_state, write_state
 from jobs.lock import folder_lock
 from sources import offsets as offset_file
 from sources.commitlog import Corrupt, DataEnd, FileEnd, Message, scan
+from sources.landing_files import ENCODE, Stream, make_landing, read_state, write_state
 from sources.records import (
     OP_TOPIC,
     RECORD,

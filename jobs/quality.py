@@ -1,10 +1,11 @@
 """`txn-recon quality [--full]`: run the expectation suites of `schemas.quality` with Great Expectations,
 append one `dq_results` row per expectation result, and build the Data Docs site under the warehouse.
 
-Only what changed is validated: a table whose Delta version was validated before is skipped; a bronze
-table validates the rows its Change Data Feed added since then (plus older rows sharing their keys);
-silver and gold are replaced by every reconcile, so a new version is validated whole. The cross-table
-views are recomputed when any table changed. `--full` validates everything.
+Only what changed is validated: a table whose Delta version was validated before is skipped; bronze,
+txn_lifecycle, offset_commits and anomalies validate the rows their Change Data Feed added or rewrote since
+then (plus the rows sharing a key with them); deliveries, rewritten by every reconcile, are validated whole.
+The cross-table views run when any table changed, the reference views on the ops and commits that arrived.
+`--full` validates everything.
 
 Exit code 3 when an expectation of a suite listed in `quality.blocking` fails; other failures are
 reported only.
@@ -39,11 +40,11 @@ from schemas.quality import DQ_RESULTS, Expectation, Suite, suites
 from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, TXN_LIFECYCLE
 from schemas.spark import to_struct
 from transforms.quality import (
+    changed_rows,
     commit_references,
     group_findings,
     lifecycle_totals,
     op_references,
-    rows_sharing_keys,
 )
 
 # GE sends usage statistics unless told not to; this machine's network is closed to them.
@@ -66,6 +67,8 @@ EXIT_BLOCKING = 3
 SAMPLE = 20  # unexpected values kept per result
 CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 ROW_EXPECTATIONS = (ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation)
+# The reference views: the bronze stream whose rows they check against the halves.
+REFERENCES = {"op_references": ("op", op_references), "commit_references": ("real", commit_references)}
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ def check_quality(
         batches.append(_table_batch(spark, name, suite, previous, version))
     cross = [s for s in all_suites if s.layer == "cross"]
     if batches:
-        batches += _cross_batches(spark, config, cross, outcome)
+        batches += _cross_batches(spark, config, cross, outcome, {b.suite.name: b for b in batches})
     else:
         outcome.skipped += [(s.name, "no table changed") for s in cross]
     context = _context(config)
@@ -166,7 +169,7 @@ def current_version(spark: SparkSession, table: str) -> int:
 
 def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | None, version: int) -> Batch:
     snapshot = spark.sql(f"SELECT * FROM {table} VERSION AS OF {version}")
-    if suite.layer != "bronze" or previous is None or previous > version:
+    if not suite.incremental or previous is None or previous > version:
         return Batch(suite, snapshot, version, "full")
     try:
         changes = (
@@ -175,14 +178,19 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
             .option("endingVersion", version)
             .table(table)
         )
-        added = changes.where(F.col("_change_type") == "insert").drop(*CDF_COLUMNS)
-        return Batch(suite, rows_sharing_keys(snapshot, added, suite.key), version, "incremental")
+        changed = changes.where(F.col("_change_type").isin("insert", "update_postimage")).drop(*CDF_COLUMNS)
+        return Batch(suite, changed_rows(snapshot, changed, suite.key), version, "incremental")
     except AnalysisException as e:  # change data no longer kept (VACUUM) or never enabled
         log.info("  %s: no change data since version %d (%s); validating it whole", table, previous, e.getMessage())
         return Batch(suite, snapshot, version, "full")
 
 
-def _cross_batches(spark: SparkSession, config: Config, cross: list[Suite], outcome: Outcome) -> list[Batch]:
+def _cross_batches(
+    spark: SparkSession, config: Config, cross: list[Suite], outcome: Outcome, validated: dict[str, Batch]
+) -> list[Batch]:
+    """The cross views over this run's tables. A reference breaks only when an op or a commit arrives (a half
+    arriving later can only mend one), so the reference views check the ops and commits this run validates
+    (all of them on a first run) against every half, and are skipped when none arrived."""
     names = {s: config.table(BRONZE[s].name) for s in BRONZE} | {
         "lifecycle": config.table(TXN_LIFECYCLE.name),
         "offset_commits": config.table(OFFSET_COMMITS.name),
@@ -193,18 +201,19 @@ def _cross_batches(spark: SparkSession, config: Config, cross: list[Suite], outc
         return []
     t = {k: spark.table(v) for k, v in names.items()}
     as_of = latest_as_of(spark, config)
-    views = {
-        "op_references": op_references(t["op"], t["half"]),
-        "commit_references": commit_references(t["real"], t["half"]),
-        "group_findings": group_findings(t["anomalies"]),
-    }
+    views = {"group_findings": (group_findings(t["anomalies"]), "full")}
+    for name, (stream, view) in REFERENCES.items():
+        arrived = validated.get(BRONZE[stream].name)
+        if arrived is None:
+            outcome.skipped.append((name, f"no new rows in {BRONZE[stream].name}"))
+        else:
+            views[name] = (view(arrived.df, t["half"]), arrived.scope)
     if as_of is not None:
-        views["lifecycle_totals"] = lifecycle_totals(
-            t["lifecycle"], t["offset_commits"], t["half"], t["real"], t["offset"], int(as_of)
-        )
+        totals = lifecycle_totals(t["lifecycle"], t["offset_commits"], t["half"], t["real"], t["offset"], int(as_of))
+        views["lifecycle_totals"] = (totals, "full")
     else:
         outcome.skipped.append(("lifecycle_totals", "no reconcile run yet"))
-    return [Batch(s, views[s.name], None, "full") for s in cross if s.name in views]
+    return [Batch(s, df, None, scope) for s in cross if s.name in views for df, scope in [views[s.name]]]
 
 
 def _context(config: Config) -> FileDataContext:

@@ -32,11 +32,10 @@ from pyspark.sql import SparkSession
 
 from jobs import ingest, quality, reconcile, report
 from jobs.catalog import create_table
-from jobs.collect import Collector, write_runs
+from jobs.collect import credentials
 from jobs.config import Config, host_port
 from jobs.errors import EngineError, TxnReconError, first_line
 from jobs.jars import local_jars
-from jobs.landing_files import make_landing
 from jobs.lock import folder_lock, warehouse_lock
 from jobs.running import address_file
 from jobs.runs import new_run_id
@@ -45,6 +44,8 @@ from jobs.signals import Stop, stop_on_signals
 from jobs.web import Health, Metrics, start_http
 from schemas.service import SERVE_CYCLES, STEPS
 from schemas.spark import to_struct
+from sources.collector import Collector, write_runs
+from sources.landing_files import LandingError, make_landing
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class Engine:
             except Exception as e:
                 if not _engine_alive(self.spark):
                     raise EngineError(f"Spark failed in the {name} step ({first_line(e)})") from e
-                c.error = f"{name}: {e if isinstance(e, TxnReconError) else first_line(e)}"
+                c.error = f"{name}: {e if isinstance(e, (TxnReconError, LandingError)) else first_line(e)}"
                 log.error("cycle %d: %s; the next cycle tries again", self.cycles + 1, c.error)
                 break
             finally:
@@ -231,7 +232,13 @@ def run(args: argparse.Namespace, config: Config) -> int:
               "(/metrics, /healthz)", flush=True)  # fmt: skip
         collector = None
         if namesrv:
-            collector = Collector([a.strip() for a in namesrv.split(";") if a.strip()], landing, config.collect, stop)
+            collector = Collector(
+                [a.strip() for a in namesrv.split(";") if a.strip()],
+                landing,
+                config.collect,
+                credentials(config.collect),
+                stop,
+            )
         engine = Engine(spark, config, landing, collector, stop)
         try:
             while not stop.is_set():

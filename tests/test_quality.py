@@ -107,10 +107,40 @@ def test_clean_data_passes_and_broken_data_fails(
         ("op_references", dangling["expectation"]),
         ("lifecycle_totals", "expect_column_values_to_be_null(problem)"),  # bronze grew, silver did not
     }
-    # Silver and gold did not change, so only bronze and the cross views ran.
+    # Silver and gold did not change, so only bronze and the cross views ran; no commit arrived, so the
+    # commit references were not checked again, and the op references only for the op that arrived.
     assert {r["suite"] for r in broken} == {"half_events", "op_events", "offset_events", "op_references",
-                                            "commit_references", "lifecycle_totals", "group_findings"}  # fmt: skip
+                                            "lifecycle_totals", "group_findings"}  # fmt: skip
+    assert dangling["element_count"] == 1 and dangling["scope"] == "incremental"
+    assert "skipped commit_references: no new rows in real_events" in out
     assert "FAILED  half_events" in out and "warning op_references" in out and "Data Docs:" in out
+
+
+@pytest.mark.spark
+def test_silver_and_gold_are_validated_by_what_changed(spark: SparkSession, config: Config, tmp_path: Path) -> None:
+    """A merge's changes reach the suites through the tables' change feed: the rows it rewrote, and the
+    rows sharing a key with them, are validated, not the whole table; a table no run changed is skipped."""
+    cfg = fresh_db(spark, config, "t_quality_changes")
+    make_landing(tmp_path / "landing", n=150, seed=4)
+    ingest(spark, cfg, tmp_path / "landing", "run-1")
+    reconcile(spark, cfg)
+    check_quality(spark, cfg, "dq-changes-1", NOW)
+
+    life, found = cfg.table("txn_lifecycle"), cfg.table("anomalies")
+    victim = spark.table(life).orderBy("uniq_key").first()["uniq_key"]  # type: ignore[index]
+    spark.sql(f"UPDATE {life} SET state = 'LIMBO' WHERE uniq_key = '{victim}'")
+    spark.table(found).limit(1).write.insertInto(found)  # a second row under an existing anomaly_id
+
+    check_quality(spark, cfg, "dq-changes-2", NOW)
+    results = _results(spark, cfg, "dq-changes-2")
+    assert {r["suite"] for r in results if r["layer"] in ("silver", "gold")} == {"txn_lifecycle", "anomalies"}
+    failed = _failed(results)
+    state = failed[("txn_lifecycle", "expect_column_values_to_be_in_set(state)")]
+    assert (state["scope"], state["element_count"], state["unexpected_count"]) == ("incremental", 1, 1)
+    assert "LIMBO" in state["unexpected_sample"]
+    twice = failed[("anomalies", "expect_column_values_to_be_unique(anomaly_id)")]
+    assert (twice["scope"], twice["element_count"], twice["unexpected_count"]) == ("incremental", 2, 2)
+    assert {k[0] for k in failed} - {"lifecycle_totals"} == {"txn_lifecycle", "anomalies"}
 
 
 def _conf(tmp_path: Path, cfg: Config) -> Path:

@@ -29,11 +29,11 @@ import pytest
 from pyspark.sql import SparkSession
 
 from jobs.cli import main
-from jobs.collect import _iso as collect_time
-from jobs.collect import _now as now
 from jobs.config import Config
 from jobs.reconcile import reconcile
 from jobs.report import _collect_runs as report_collect_runs
+from sources.collector import _iso as collect_time
+from sources.collector import _now as now
 from tests.rocketmq.cluster import BrokerSettings, RocketMQ, compile_driver, run_driver, wait_for
 from tests.rocketmq.truth import expected
 from tests.test_ingest import fresh_db, ingest, landed, rows

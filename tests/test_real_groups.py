@@ -33,10 +33,10 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from jobs.collect import Collector, write_runs
 from jobs.config import Config
 from jobs.reconcile import reconcile
 from jobs.runs import new_run_id
+from sources.collector import Collector, write_runs
 from tests.conftest import REPO
 from tests.rocketmq.cluster import BrokerSettings, RocketMQ, compile_driver, run_driver, start_driver, wait_for
 from tests.test_ingest import fresh_db, ingest

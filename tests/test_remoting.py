@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from jobs.collect import BrokerRun, BrokerState, _apply
-from jobs.landing_files import ENCODE, Stream
 from schemas.landing import CONSUMER
 from sources import client, offsets, remoting
 from sources import consumers as consumer_snapshot
 from sources.client import HeldQueue
+from sources.collector import BrokerRun, BrokerState, _apply
 from sources.commitlog import Message, scan
 from sources.fastjson import FastjsonError, loads, object_key
+from sources.landing_files import ENCODE, Stream
 from sources.records import HALF_TOPIC, RECORD
 from sources.remoting import Credentials
 

@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.collect import _iso as collect_time
-from jobs.collect import _now as now
 from jobs.config import Config
 from jobs.reconcile import reconcile
+from sources.collector import _iso as collect_time
+from sources.collector import _now as now
 from tests.rocketmq.cluster import VERSIONS, BrokerSettings, RocketMQ, compile_driver, run_driver, wait_for
 from tests.rocketmq.truth import expected, rip_82_expected
 from tests.test_ingest import fresh_db, ingest, landed

@@ -14,10 +14,13 @@ from pyspark.sql import functions as F
 from transforms.lifecycle import DISCARD_TOPIC, ID, is_commit, resolved_offsets, up_to
 
 
-def rows_sharing_keys(table_df: DataFrame, added_df: DataFrame, key: Sequence[str]) -> DataFrame:
-    """What to validate after an append: every row whose natural key an added row has. That is the
-    added rows plus any older row they collide with, so a new duplicate of an old key is caught."""
-    return table_df.join(added_df.select(*key).distinct(), on=list(key), how="left_semi")
+def changed_rows(table_df: DataFrame, changed_df: DataFrame, key: Sequence[str]) -> DataFrame:
+    """What to validate after a change: the table's rows a change added or rewrote. With a natural key, every
+    row whose key a changed row has, so a new duplicate of an old key is caught; without one, the changed
+    rows still in the table (not those a later change removed or rewrote again)."""
+    if key:
+        return table_df.join(changed_df.select(*key).distinct(), on=list(key), how="left_semi")
+    return table_df.intersectAll(changed_df.select(*table_df.columns))
 
 
 def op_references(op_df: DataFrame, half_df: DataFrame) -> DataFrame:

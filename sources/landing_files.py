@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from jobs.errors import TxnReconError
 from schemas import LANDING
 from schemas.jsonl import line_encoder
 
@@ -20,6 +19,10 @@ RECORDS_PER_FILE = 500_000
 _LINES_PER_WRITE = 1000
 ENCODE = {name: line_encoder(schema) for name, schema in LANDING.items()}
 T = TypeVar("T")
+
+
+class LandingError(Exception):
+    """A landing folder or state file that cannot be used; the message is the one line the user sees."""
 
 
 class Stream:
@@ -80,7 +83,7 @@ def make_landing(landing: Path) -> None:
     try:
         landing.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise TxnReconError(f"cannot create --landing {landing}: {e.strerror}") from None
+        raise LandingError(f"cannot create --landing {landing}: {e.strerror}") from None
 
 
 def read_state(path: Path, build: Callable[[Any], T], what: str, remedy: str) -> T | None:
@@ -90,7 +93,7 @@ def read_state(path: Path, build: Callable[[Any], T], what: str, remedy: str) ->
     try:
         return build(json.loads(path.read_text(encoding="utf-8")))
     except (ValueError, KeyError, TypeError) as e:
-        raise TxnReconError(f"{path} is not {what} ({type(e).__name__}: {e}); move it away {remedy}") from None
+        raise LandingError(f"{path} is not {what} ({type(e).__name__}: {e}); move it away {remedy}") from None
 
 
 def write_state(path: Path, doc: Any) -> None:
