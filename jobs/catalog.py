@@ -51,3 +51,8 @@ def add_new_fields(spark: SparkSession, table: str, schema: Schema) -> None:
     filled: dict[str, str | Column] = {f.name: F.lit(schema.defaults[f.name]) for f in new if f.name in schema.defaults}
     if filled:
         DeltaTable.forName(spark, table).update(set=filled)
+
+
+def table_version(spark: SparkSession, table: str) -> int:
+    """The Delta table's current version (the last entry of its history)."""
+    return int(DeltaTable.forName(spark, table).history(1).select("version").first()[0])  # type: ignore[index]

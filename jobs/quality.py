@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.utils import AnalysisException
 
-from jobs.catalog import create_table
+from jobs.catalog import create_table, table_version
 from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.ingest import new_run_id
@@ -136,7 +136,7 @@ def check_quality(
         if not spark.catalog.tableExists(name):
             outcome.skipped.append((suite.name, "no table yet"))
             continue
-        version = current_version(spark, name)
+        version = table_version(spark, name)
         previous = validated.get(suite.name)
         if previous == version:
             outcome.skipped.append((suite.name, f"unchanged since version {version}"))
@@ -161,10 +161,6 @@ def last_versions(spark: SparkSession, results_table: str) -> dict[str, int]:
     """The Delta version of each table that an earlier run validated last."""
     rows = spark.table(results_table).groupBy("suite").agg(F.max("table_version").alias("v")).collect()
     return {r["suite"]: int(r["v"]) for r in rows if r["v"] is not None}
-
-
-def current_version(spark: SparkSession, table: str) -> int:
-    return int(spark.sql(f"DESCRIBE HISTORY {table} LIMIT 1").collect()[0]["version"])
 
 
 def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | None, version: int) -> Batch:

@@ -31,7 +31,7 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from jobs.catalog import create_table
+from jobs.catalog import create_table, table_version
 from jobs.config import Config
 from jobs.errors import TxnReconError, first_line
 from jobs.ingest import new_run_id
@@ -154,10 +154,6 @@ def read_bronze(spark: SparkSession, config: Config) -> Bronze:
     versions = {s: table_version(spark, t) for s, t in tables.items()}
     frames = {s: spark.sql(f"SELECT * FROM {t} VERSION AS OF {versions[s]}") for s, t in tables.items()}
     return Bronze({s: tables[s] for s in TIME}, {s: versions[s] for s in TIME}, frames)
-
-
-def table_version(spark: SparkSession, table: str) -> int:
-    return int(spark.sql(f"DESCRIBE HISTORY {table} LIMIT 1").collect()[0]["version"])
 
 
 def latest_event(bronze: dict[str, DataFrame]) -> int | None:

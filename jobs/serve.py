@@ -180,6 +180,22 @@ def record(spark: SparkSession, config: Config, c: Cycle) -> None:
         log.error("cycle %s: could not record it in %s (%s)", c.cycle_id, SERVE_CYCLES.name, first_line(e))
 
 
+# A cycle runs a few hundred queries, and Spark's status store keeps every one's plan and metrics (UI or
+# not): over months, the default thousand filled the heap of a smaller session. The latest few are enough.
+STATUS_STORE = {
+    "spark.sql.ui.retainedExecutions": "50",
+    "spark.ui.retainedJobs": "100",
+    "spark.ui.retainedStages": "100",
+}
+
+
+def long_running(config: Config) -> Config:
+    """The session settings of a process that runs for months; the config's own values win."""
+    return dataclasses.replace(
+        config, spark=dataclasses.replace(config.spark, conf={**STATUS_STORE, **config.spark.conf})
+    )
+
+
 def with_sql_server(config: Config, address: str) -> Config:
     """The settings the SQL server needs from the start: its address, which it reads from the session's
     Hadoop configuration (set once the session runs, it is not seen), and the Delta jars on the driver's
@@ -217,7 +233,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     elif not landing.is_dir():
         raise TxnReconError(f"--landing {landing} is not a folder (give --namesrv to collect into a new one)")
     with warehouse_lock(config, "serve"), stop_on_signals() as stop:
-        spark = build_session(with_sql_server(config, settings.sql) if settings.sql else config)
+        session_config = long_running(config)
+        spark = build_session(with_sql_server(session_config, settings.sql) if settings.sql else session_config)
         sql = start_sql_server(spark, settings.sql) if settings.sql else None
         health = Health(every, settings.stale_after_cycles, report.default_path(config))
         metrics = Metrics()

@@ -23,7 +23,9 @@ from typing import Any
 import pyspark
 import pytest
 
+from jobs.config import load_config
 from jobs.score import read_truth, score
+from jobs.serve import long_running
 from schemas import LANDING
 from tests.test_ingest import make_landing
 
@@ -193,3 +195,12 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
     assert restarted.proc.wait(60) == 0, restarted.text()[-3000:]
     assert re.search(r"stopped by SIGTERM after \d+ cycle", restarted.text())
     assert "Traceback" not in restarted.text()
+
+
+def test_a_long_running_session_keeps_the_latest_queries_only() -> None:
+    """Spark's status store keeps a thousand SQL executions by default; serve's session keeps 50, unless
+    the config says otherwise."""
+    ours = long_running(load_config()).spark.conf
+    assert (ours["spark.sql.ui.retainedExecutions"], ours["spark.ui.retainedJobs"]) == ("50", "100")
+    theirs = load_config(overrides={"spark": {"conf": {"spark.sql.ui.retainedExecutions": "7"}}})
+    assert long_running(theirs).spark.conf["spark.sql.ui.retainedExecutions"] == "7"
