@@ -174,9 +174,12 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
             .option("endingVersion", version)
             .table(table)
         )
-        changed = changes.where(F.col("_change_type").isin("insert", "update_postimage")).drop(*CDF_COLUMNS)
+        # Read here, once: change data that is missing fails only when it is read, and GE reads a batch often.
+        changed = (
+            changes.where(F.col("_change_type").isin("insert", "update_postimage")).drop(*CDF_COLUMNS).localCheckpoint()
+        )
         return Batch(suite, changed_rows(snapshot, changed, suite.key), version, "incremental")
-    except AnalysisException as e:  # change data no longer kept (VACUUM) or never enabled
+    except AnalysisException as e:  # change data no longer kept (VACUUM) or never recorded
         log.info("  %s: no change data since version %d (%s); validating it whole", table, previous, e.getMessage())
         return Batch(suite, snapshot, version, "full")
 

@@ -127,7 +127,7 @@ def test_silver_and_gold_are_validated_by_what_changed(spark: SparkSession, conf
     check_quality(spark, cfg, "dq-changes-1", NOW)
 
     life, found = cfg.table("txn_lifecycle"), cfg.table("anomalies")
-    victim = spark.table(life).orderBy("uniq_key").first()["uniq_key"]  # type: ignore[index]
+    victim, state_was = spark.table(life).orderBy("uniq_key").select("uniq_key", "state").first()  # type: ignore[misc]
     spark.sql(f"UPDATE {life} SET state = 'LIMBO' WHERE uniq_key = '{victim}'")
     spark.table(found).limit(1).write.insertInto(found)  # a second row under an existing anomaly_id
 
@@ -141,6 +141,15 @@ def test_silver_and_gold_are_validated_by_what_changed(spark: SparkSession, conf
     twice = failed[("anomalies", "expect_column_values_to_be_unique(anomaly_id)")]
     assert (twice["scope"], twice["element_count"], twice["unexpected_count"]) == ("incremental", 2, 2)
     assert {k[0] for k in failed} - {"lifecycle_totals"} == {"txn_lifecycle", "anomalies"}
+
+    # A table that kept no change data (one made by an older version) is validated whole.
+    spark.sql(f"ALTER TABLE {life} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'false')")
+    spark.sql(f"UPDATE {life} SET state = '{state_was}' WHERE uniq_key = '{victim}'")
+    check_quality(spark, cfg, "dq-changes-3", NOW)
+    whole = [r for r in _results(spark, cfg, "dq-changes-3") if r["suite"] == "txn_lifecycle"]
+    assert {r["scope"] for r in whole} == {"full"} and all(r["success"] for r in whole)
+    states = next(r for r in whole if r["expectation"] == "expect_column_values_to_be_in_set(state)")
+    assert states["element_count"] == spark.table(life).count()
 
 
 def _conf(tmp_path: Path, cfg: Config) -> Path:
