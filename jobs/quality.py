@@ -30,7 +30,7 @@ from pyspark.sql.utils import AnalysisException
 
 from jobs.catalog import create_table, table_version
 from jobs.config import Config
-from jobs.errors import TxnReconError
+from jobs.errors import TxnReconError, first_line
 from jobs.ingest import new_run_id
 from jobs.lock import warehouse_lock
 from jobs.reconcile import latest_as_of
@@ -180,7 +180,7 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
         )
         return Batch(suite, changed_rows(snapshot, changed, suite.key), version, "incremental")
     except AnalysisException as e:  # change data no longer kept (VACUUM) or never recorded
-        log.info("  %s: no change data since version %d (%s); validating it whole", table, previous, e.getMessage())
+        log.info("  %s: no change data since version %d (%s); validating it whole", table, previous, first_line(e))
         return Batch(suite, snapshot, version, "full")
 
 
