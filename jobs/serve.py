@@ -181,7 +181,7 @@ def record(spark: SparkSession, config: Config, c: Cycle) -> None:
 
 
 # A cycle runs a few hundred queries, and Spark's status store keeps every one's plan and metrics (UI or
-# not): over months, the default thousand filled the heap of a smaller session. The latest few are enough.
+# not): the suite's own session ran out of heap with the default thousand. The latest few are enough.
 STATUS_STORE = {
     "spark.sql.ui.retainedExecutions": "50",
     "spark.ui.retainedJobs": "100",

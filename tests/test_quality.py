@@ -20,6 +20,7 @@ from jobs.reconcile import reconcile
 from schemas.bronze import BRONZE
 from schemas.quality import suites
 from tests.test_ingest import fresh_db, ingest, make_landing, op_record
+from transforms.quality import changed_rows
 
 NOW = dt.datetime(2026, 11, 21, 3, 0, 0)
 
@@ -32,6 +33,16 @@ def test_contracts_follow_the_schemas() -> None:
         unique = "expect_column_values_to_be_unique" if len(schema.key) == 1 else "expect_compound_columns_to_be_unique"
         assert f"{unique}({'+'.join(schema.key) if len(schema.key) > 1 else schema.key[0]})" in labels, stream
     assert "expect_column_values_to_be_between(queue_offset)" in {e.label for e in by_name["half_events"].expectations}
+
+
+@pytest.mark.spark
+def test_changed_rows_are_the_rows_a_change_left_in_the_table(spark: SparkSession) -> None:
+    table = spark.createDataFrame([("a", 1), ("a", 2), ("b", 3), ("c", 4)], "k string, v int")
+    # A change feed: ("a", 2) added, ("c", 9) added and rewritten since to ("c", 4), ("d", 5) added and gone.
+    changed = spark.createDataFrame([("a", 2), ("c", 9), ("c", 4), ("d", 5)], "k string, v int")
+    keyed = sorted(tuple(r) for r in changed_rows(table, changed, ["k"]).collect())
+    assert keyed == [("a", 1), ("a", 2), ("c", 4)]  # every row sharing a key, so ("a", 1) meets its duplicate
+    assert sorted(tuple(r) for r in changed_rows(table, changed, []).collect()) == [("a", 2), ("c", 4)]
 
 
 def _results(spark: SparkSession, cfg: Config, run_id: str) -> list[dict[str, Any]]:
