@@ -252,8 +252,15 @@ def test_messages_a_tag_filter_refused_are_undelivered_exactly_per_queue(spark: 
     found = _found(spark, played, "UNDELIVERED", "CG_TAGS")
     print("tags: lost per queue", dict(lost), "found", {u["queue_id"]: u["detail"] for u in found})
     assert sum(lost.values()) > 0
-    assert sorted((u["queue_id"], u["detail"]["messages"]) for u in found) == sorted(lost.items())  # one a queue
-    assert all(u["detail"]["exact"] and u["detail"]["cause"] == "TAG_FILTER" for u in found)
+    # One finding a queue, and one on every queue that lost messages. A window in which the broker's table
+    # changed (a rebalance lands it at a moment the snapshots cannot place) is inexact: `messages` counts what
+    # every candidate filter refuses and `at_most` what any does, and the loss lies between them.
+    by_queue = {u["queue_id"]: u["detail"] for u in found}
+    assert len(by_queue) == len(found) and set(lost) <= set(by_queue)
+    for queue, d in by_queue.items():
+        assert d["cause"] == "TAG_FILTER" and d["messages"] <= lost[queue] <= d["at_most"], (queue, d)
+        assert not d["exact"] or d["messages"] == lost[queue], (queue, d)
+    assert sum(d["messages"] for d in by_queue.values()) == sum(lost.values())  # every loss counted, none guessed
     expressions = {(f["member_expression"], f["broker_expression"]) for u in found for f in u["detail"]["filters"]}
     assert {m for m, _ in expressions} <= {"TagA", "TagB"} and len({b for _, b in expressions}) == 1
     # The README's query of messages lost per group says the same.
