@@ -269,7 +269,8 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
         _progress("anomalies merged")
         _replace(config, OFFSET_COMMITS, commits_df)
         _progress("offset_commits written")
-        _replace(config, TXN_LIFECYCLE, life)
+        # Files by birth time: new events touch recent transactions, so a later merge skips the older files.
+        _replace(config, TXN_LIFECYCLE, life.repartitionByRange("born_ts"))
         _progress("txn_lifecycle written")
         _replace(config, DELIVERIES, view[DELIVERIES.name])
         _progress("deliveries written")
@@ -312,7 +313,7 @@ def incremental(
     _progress("anomalies merged")
     _merge(spark, config, OFFSET_COMMITS, commits_q, list(OFFSET_COMMITS.names[:8]))
     _progress("offset_commits merged")
-    _merge(spark, config, TXN_LIFECYCLE, life, ID)
+    _merge(spark, config, TXN_LIFECYCLE, life, ID, born_since(life))
     _progress("txn_lifecycle merged")
     _replace(
         config, DELIVERIES, deliveries(real, snapshots, every_commit, bronze.frames["copy"], whole, refused, as_of)
@@ -346,6 +347,14 @@ def new_rows(spark: SparkSession, bronze: Bronze, stream: str, last: Row, as_of:
     return window.unionByName(added.select(*frame.columns))
 
 
+def born_since(life: DataFrame) -> str:
+    """A condition on the stored lifecycle that every row of `life` (recomputed transactions) matches, for
+    Delta to skip the files of older ones. A transaction's born_ts is the least of its halves', and a
+    run only adds halves: its stored born_ts is null (no half yet) or at least its recomputed one."""
+    earliest = life.agg(F.min("born_ts")).first()[0]  # type: ignore[index]
+    return "t.born_ts IS NULL" + ("" if earliest is None else f" OR t.born_ts >= {earliest}")
+
+
 def _replace(config: Config, schema: Schema, df: DataFrame) -> None:
     """Replace a table's rows (INSERT OVERWRITE keeps its definition; history keeps the past)."""
     df.select(*schema.names).write.insertInto(config.table(schema.name), overwrite=True)
@@ -355,9 +364,12 @@ def _changed(names: tuple[str, ...] | list[str]) -> str:
     return " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in names)
 
 
-def _merge(spark: SparkSession, config: Config, schema: Schema, df: DataFrame, key: list[str]) -> None:
-    """Upsert recomputed rows by key; rows of a transaction or queue never disappear as as_of grows."""
-    on = " AND ".join(f"t.{c} <=> s.{c}" for c in key)
+def _merge(
+    spark: SparkSession, config: Config, schema: Schema, df: DataFrame, key: list[str], within: str = "TRUE"
+) -> None:
+    """Upsert recomputed rows by key; rows of a transaction or queue never disappear as as_of grows. `within`
+    bounds the stored rows any of them can match."""
+    on = " AND ".join([f"t.{c} <=> s.{c}" for c in key] + [f"({within})"])
     (
         DeltaTable.forName(spark, config.table(schema.name)).alias("t")
         .merge(df.select(*schema.names).alias("s"), on)

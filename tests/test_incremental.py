@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from jobs.config import Config
-from jobs.reconcile import TIME, full_view, read_bronze, reconcile, rules_from
+from jobs.reconcile import TIME, born_since, full_view, read_bronze, reconcile, rules_from
 from schemas.reconciled import ANOMALIES, DELIVERIES, OFFSET_COMMITS, TXN_LIFECYCLE
 from tests.test_ingest import fresh_db, ingest, make_landing, version
 
@@ -86,3 +86,9 @@ def test_incremental_runs_equal_a_full_recompute_on_chaos(spark: SparkSession, c
         ("full", f"anomalies is at version {edited}, the last run left it at {runs[-3]['anomalies_version']}"),
         ("full", "the rules changed since the last run"),
     ]
+
+
+def test_a_lifecycle_merge_only_reaches_transactions_born_since_the_earliest_recomputed(spark: SparkSession) -> None:
+    life = spark.createDataFrame([("a", None), ("b", 7), ("c", 3)], "uniq_key string, born_ts long")
+    assert born_since(life) == "t.born_ts IS NULL OR t.born_ts >= 3"
+    assert born_since(life.where("born_ts IS NULL")) == "t.born_ts IS NULL"  # no half seen: only such rows

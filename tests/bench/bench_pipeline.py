@@ -11,9 +11,13 @@ stage a `txn-recon` process of its own, timed with the peak resident memory of i
 The incremental run is compared with the last full run, which sees the same data. After the full run,
 the peer (`tests.bench.peer_duckdb`: DuckDB running the lifecycle, transaction rules and offset regressions
 over the same base landing, a process of its own) is timed too, and its findings and lifecycle states are
-compared with the tables'; the ratio is ingest plus full reconcile over the peer's time. Figures go to
-stdout and to BENCH_OUT (default artifacts/bench.json). A benchmark, not a test: nothing asserts on time,
-but findings that differ from the peer's end it with exit 1 after the figures.
+compared with the tables'; the ratio is ingest plus full reconcile over the peer's time. Next to each
+target, the floor this machine sets (`tests.bench.floor`, no check or rule of ours): the landing copied
+into plain Delta tables and one row per transaction written, against the peer; and the least an
+incremental run writes (as appends), on a copy of the warehouse as the incremental run found it, against
+the full run. Figures go to stdout and to BENCH_OUT (default artifacts/bench.json). A benchmark, not a
+test: nothing asserts on time, but findings that differ from the peer's end it with exit 1 after the
+figures.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TIME = {"half": "store_timestamp", "op": "store_timestamp", "real": "store_timestamp", "offset": "commit_timestamp"}
 TAIL_SHARE = 0.01
 DONE = re.compile(r"reconcile done: (\w+), (\d+) transactions, (\d+) queues \(([\d.]+) s\)")
+FLOOR = re.compile(r"floor done \(([\d.]+) s\)")
 STEP = re.compile(r"(\w+) (?:written|merged) \(([\d.]+) s\)")  # reconcile's progress: a table done, seconds in
 # The anomaly types the peer computes: the transaction rules and offset regressions of DESIGN §2.
 PEER_TYPES = ("STUCK_HALF", "DISCARDED_AFTER_MAX_CHECKS", "DISCARDED_EXPIRED", "ORPHANED_COMMIT", "DUPLICATE_COMMIT",
@@ -186,6 +191,15 @@ def stage(name: str, cmd: list[str], items: int, unit: str) -> dict[str, Any]:
     return figure
 
 
+def floor(name: str, *args: str) -> dict[str, Any]:
+    """One floor of `tests.bench.floor`, a process timed like a job."""
+    seconds, peak, err = timed_job([sys.executable, "-m", "tests.bench.floor", *args])
+    found = FLOOR.search(err)
+    job_s = float(found[1]) if found else float("nan")
+    print(f"  {name:<22} {seconds:>8.1f} s  peak {peak:,} MiB  (in job {job_s:.1f} s)", flush=True)
+    return {"stage": name, "wall_s": round(seconds, 1), "job_s": job_s, "peak_rss_mib": peak}
+
+
 def spark_sql(query: str, wh: list[str]) -> list[dict[str, Any]]:
     out = subprocess.run([TXN_RECON, "sql", query, "--format", "json", *wh], check=True, capture_output=True,
                          text=True).stdout  # fmt: skip
@@ -241,8 +255,16 @@ def bench(n: int) -> dict[str, Any]:
         f"  ingest + reconcile --full / peer: {ours:.1f} s / {compared['wall_s']:.1f} s = {compared['ratio']}x",
         flush=True,
     )
+    scratch = warehouse.with_name("floor")
+    shutil.rmtree(scratch, ignore_errors=True)
+    copied = floor("floor: copy, group", "copy", str(base), str(scratch))
+    shutil.rmtree(scratch, ignore_errors=True)
+    print(f"  floor / peer: {copied['wall_s']:.1f} s / {compared['wall_s']:.1f} s = "
+          f"{copied['wall_s'] / compared['wall_s']:.1f}x ({copied['job_s'] / compared['wall_s']:.1f}x in job), "
+          "before any check or rule (target 4x)", flush=True)  # fmt: skip
+    stages.append(stage("ingest 1% more", [TXN_RECON, "ingest", "--landing", str(tail), *wh], counts["tail"], "events"))
+    shutil.copytree(warehouse, scratch)  # as the incremental run finds it, for the floor of its writes
     stages += [
-        stage("ingest 1% more", [TXN_RECON, "ingest", "--landing", str(tail), *wh], counts["tail"], "events"),
         stage("reconcile incremental", [TXN_RECON, "reconcile", *wh], n, "transactions"),
         stage("reconcile full again", [TXN_RECON, "reconcile", "--full", *wh], n, "transactions"),
     ]
@@ -250,8 +272,21 @@ def bench(n: int) -> dict[str, Any]:
     ratio = {"wall": round(incremental["wall_s"] / full["wall_s"], 3),
              "in_job": round(incremental["job_s"] / full["job_s"], 3)}  # fmt: skip
     print(f"  incremental / full: {ratio['wall']:.1%} of the wall time, {ratio['in_job']:.1%} in job", flush=True)
+    writes = floor("floor: incremental writes", "append", str(scratch), str(incremental["transactions_computed"]),
+                   str(incremental["queues"]))  # fmt: skip
+    shutil.rmtree(scratch, ignore_errors=True)
+    print(f"  floor / full: {writes['wall_s'] / full['wall_s']:.1%} of the wall time, "
+          f"{writes['job_s'] / full['job_s']:.1%} in job, before any rule (target 10%)", flush=True)  # fmt: skip
     shutil.rmtree(warehouse, ignore_errors=True)
-    return {"transactions": n, "events": counts, "stages": stages, "incremental_over_full": ratio, "peer": compared}
+    floors = {"copy": copied, "incremental_writes": writes}
+    return {
+        "transactions": n,
+        "events": counts,
+        "stages": stages,
+        "incremental_over_full": ratio,
+        "peer": compared,
+        "floors": floors,
+    }
 
 
 def main() -> int:
