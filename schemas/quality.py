@@ -123,15 +123,17 @@ def suites(check_max: int) -> tuple[Suite, ...]:
     )
     deliveries = (_e(in_set, column="status", value_set=list(DELIVERY_STATUSES)),)
     return (
-        Suite(half.name, "bronze", contract(half) + half_rows, True, half.key),
-        Suite(op.name, "bronze", contract(op) + op_body, True, op.key),
-        Suite(real.name, "bronze", contract(real), True, real.key),
-        Suite(offset.name, "bronze", contract(offset), True, offset.key),
-        Suite(consumer.name, "bronze", contract(consumer) + snapshot_rows, True, consumer.key),
-        Suite(copy.name, "bronze", contract(copy) + copy_rows, True, copy.key),
-        Suite(TXN_LIFECYCLE.name, "silver", contract(TXN_LIFECYCLE) + lifecycle, True, TXN_LIFECYCLE.key),
-        Suite(OFFSET_COMMITS.name, "silver", contract(OFFSET_COMMITS), True),
-        Suite(ANOMALIES.name, "gold", contract(ANOMALIES) + anomalies, True, ANOMALIES.key),
+        Suite(half.name, "bronze", contract(half) + half_rows, incremental=True, key=half.key),
+        Suite(op.name, "bronze", contract(op) + op_body, incremental=True, key=op.key),
+        Suite(real.name, "bronze", contract(real), incremental=True, key=real.key),
+        Suite(offset.name, "bronze", contract(offset), incremental=True, key=offset.key),
+        Suite(consumer.name, "bronze", contract(consumer) + snapshot_rows, incremental=True, key=consumer.key),
+        Suite(copy.name, "bronze", contract(copy) + copy_rows, incremental=True, key=copy.key),
+        Suite(
+            TXN_LIFECYCLE.name, "silver", contract(TXN_LIFECYCLE) + lifecycle, incremental=True, key=TXN_LIFECYCLE.key
+        ),
+        Suite(OFFSET_COMMITS.name, "silver", contract(OFFSET_COMMITS), incremental=True),
+        Suite(ANOMALIES.name, "gold", contract(ANOMALIES) + anomalies, incremental=True, key=ANOMALIES.key),
         Suite(DELIVERIES.name, "gold", contract(DELIVERIES) + deliveries),
         Suite("op_references", "cross", (_problems("every half offset an op lists is a known half copy"),)),
         Suite("commit_references", "cross", (_problems("every commit's prepared offset is a half copy"),)),
