@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -51,9 +53,13 @@ from transforms.quality import (
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 import great_expectations as gx
+from great_expectations.core.run_identifier import RunIdentifier
 from great_expectations.data_context import FileDataContext
 from great_expectations.data_context.types.base import ProgressBarsConfig
-from great_expectations.datasource.fluent import SparkDatasource
+from great_expectations.data_context.types.resource_identifiers import (
+    ExpectationSuiteIdentifier,
+    ValidationResultIdentifier,
+)
 from great_expectations.expectations.expectation import (
     ColumnMapExpectation,
     ColumnPairMapExpectation,
@@ -69,6 +75,12 @@ CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 ROW_EXPECTATIONS = (ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation)
 # The reference views: the bronze stream whose rows they check against the halves.
 REFERENCES = {"op_references": ("op", op_references), "commit_references": ("real", commit_references)}
+# A batch up to this many rows is validated in the driver by GE's pandas engine: the same expectations,
+# without the Spark jobs GE runs per metric, which cost a second or more per suite on a batch of any size
+# (a serve cycle's batches are a few thousand rows). A larger one stays in Spark.
+DRIVER_ROWS = 200_000
+KEPT_RESULTS = 30  # GE validation results kept per suite for Data Docs
+ENGINES = {"spark": "txn_recon", "pandas": "txn_recon_driver"}  # GE data source per engine
 
 
 @dataclass(frozen=True)
@@ -147,12 +159,12 @@ def check_quality(
         batches += _cross_batches(spark, config, cross, outcome, {b.suite.name: b for b in batches})
     else:
         outcome.skipped += [(s.name, "no table changed") for s in cross]
-    context = _context(config)
+    project = quality_dir(config)
     for batch in batches:
-        outcome.results += _validate(context, batch, run_id, validated_at, config.quality.blocking)
+        outcome.results += _validate(project, batch, run_id, validated_at, config.quality.blocking)
     if outcome.results:
         _append(spark, results_table, outcome.results)
-    context.build_data_docs()
+    _build_docs(project, run_id)
     outcome.seconds = time.perf_counter() - started
     return outcome
 
@@ -215,15 +227,28 @@ def _cross_batches(
     return [Batch(s, df, None, scope) for s in cross if s.name in views for df, scope in [views[s.name]]]
 
 
-def _context(config: Config) -> FileDataContext:
-    context = gx.get_context(mode="file", project_root_dir=str(quality_dir(config)))
+@functools.cache
+def _context(project: Path) -> FileDataContext:
+    """The GE project, opened once per process (a service validates every cycle)."""
+    context = gx.get_context(mode="file", project_root_dir=str(project))
     context.variables.progress_bars = ProgressBarsConfig(globally=False)  # our log says what runs
     context.variables.save()
     return context
 
 
-def _definition(context: FileDataContext, suite: Suite) -> gx.ValidationDefinition:
-    """The suite and its validation definition, written into the GE project from our code every run."""
+def _definition(project: Path, suite: Suite, engine: str) -> gx.ValidationDefinition:
+    """The suite and its validation definition on `engine`'s data source, written into the GE project from
+    our code once per process (per suite as the config makes it)."""
+    key = (project, engine, repr(suite))
+    if key not in _DEFINITIONS:
+        _DEFINITIONS[key] = _define(_context(project), suite, engine)
+    return _DEFINITIONS[key]
+
+
+_DEFINITIONS: dict[tuple[Path, str, str], gx.ValidationDefinition] = {}
+
+
+def _define(context: FileDataContext, suite: Suite, engine: str) -> gx.ValidationDefinition:
     expectations = [
         ExpectationConfiguration(type=e.type, kwargs=dict(e.kwargs), description=e.description or None)
         for e in suite.expectations
@@ -231,11 +256,13 @@ def _definition(context: FileDataContext, suite: Suite) -> gx.ValidationDefiniti
     gx_suite = context.suites.add_or_update(
         gx.ExpectationSuite(name=suite.name, expectations=[e.to_domain_obj() for e in expectations])
     )
-    sources = context.data_sources.all()
-    source = sources.get("txn_recon")
-    if not isinstance(source, SparkDatasource):
+    name = ENGINES[engine]
+    source = context.data_sources.all().get(name)
+    if source is None and engine == "spark":
         # persist=False: GE would otherwise cache every batch. No spark_config: GE would rebuild our session.
-        source = context.data_sources.add_spark("txn_recon", persist=False)
+        source = context.data_sources.add_spark(name, persist=False)
+    elif source is None:
+        source = context.data_sources.add_pandas(name)
     if suite.name in source.get_asset_names():
         asset = source.get_asset(suite.name)
     else:
@@ -245,37 +272,77 @@ def _definition(context: FileDataContext, suite: Suite) -> gx.ValidationDefiniti
     else:
         batch_def = asset.add_batch_definition_whole_dataframe("whole")
     return context.validation_definitions.add_or_update(
-        gx.ValidationDefinition(name=suite.name, data=batch_def, suite=gx_suite)
+        gx.ValidationDefinition(name=f"{suite.name} on {engine}", data=batch_def, suite=gx_suite)
     )
 
 
+def _local(batch: Batch) -> Any:
+    """The batch as a pandas frame when it has at most DRIVER_ROWS rows, else None. A table's snapshot is
+    counted first (Delta answers from its statistics); a change set or a view is small as a rule and is
+    fetched at once, one row over the limit telling that it is not."""
+    if batch.scope == "full" and batch.version is not None and batch.df.count() > DRIVER_ROWS:
+        return None
+    local = batch.df.limit(DRIVER_ROWS + 1).toPandas()
+    return local if len(local) <= DRIVER_ROWS else None
+
+
 def _validate(
-    context: FileDataContext, batch: Batch, run_id: str, validated_at: dt.datetime, blocking: tuple[str, ...]
+    project: Path, batch: Batch, run_id: str, validated_at: dt.datetime, blocking: tuple[str, ...]
 ) -> list[dict[str, Any]]:
-    """Run one suite on one DataFrame through its persisted validation definition (so Data Docs show it).
+    """Run one suite on one batch through its persisted validation definition (so Data Docs show it), in
+    the driver when the batch is small (DRIVER_ROWS), else in Spark.
 
     The suite runs with BOOLEAN_ONLY results: GE then skips collecting a sample of unexpected values for
     every expectation, which is most of its time on Spark. Only a failed expectation runs again, alone,
     for its unexpected count and sample."""
     started = time.perf_counter()
-    definition = _definition(context, batch.suite)
-    df = batch.df.cache()  # GE computes its metrics in several passes
+    local = _local(batch)
+    df = batch.df.cache() if local is None else None  # GE computes its metrics in several passes
     try:
-        rows = df.count()
-        params = {"dataframe": df}
-        results = definition.run(batch_parameters=params, result_format={"result_format": "BOOLEAN_ONLY"}).results
+        rows = len(local) if local is not None else df.count()  # type: ignore[union-attr]
+        engine = "spark" if local is None else "pandas"
+        definition = _definition(project, batch.suite, engine)
+        params = {"dataframe": df if local is None else local}
+        gx_run = RunIdentifier(run_name=run_id, run_time=validated_at.replace(tzinfo=dt.UTC))
+        results = definition.run(
+            batch_parameters=params, result_format={"result_format": "BOOLEAN_ONLY"}, run_id=gx_run
+        ).results
         if any(not r.success for r in results):
             gx_batch = definition.batch_definition.get_batch(batch_parameters=params)
             detail = {"result_format": "BASIC", "partial_unexpected_count": SAMPLE}
             results = [r if r.success else gx_batch.validate(_expectation(r), result_format=detail) for r in results]
     finally:
-        df.unpersist()
+        if df is not None:
+            df.unpersist()
     out = [_row(r, batch, rows, run_id, validated_at, batch.suite.name in blocking) for r in results]
     failed = sum(not r["success"] for r in out)
     verdict = "all passed" if not failed else f"{failed} FAILED"
-    log.info("  %-18s %s, %d rows: %d expectations, %s (%.1f s)", batch.suite.name, batch.scope, rows, len(out),
-             verdict, time.perf_counter() - started)  # fmt: skip
+    where = "in the driver" if engine == "pandas" else "in Spark"
+    log.info("  %-18s %s, %d rows %s: %d expectations, %s (%.1f s)", batch.suite.name, batch.scope, rows, where,
+             len(out), verdict, time.perf_counter() - started)  # fmt: skip
     return out
+
+
+def _build_docs(project: Path, run_id: str) -> None:
+    """Data Docs for this run's results, and the index, over the latest KEPT_RESULTS results per suite: GE
+    renders every stored result in each build, which in a service would grow without end (`dq_results`
+    keeps every result)."""
+    context = _context(project)
+    store = context.validation_results_store
+    stored = [k for k in store.list_keys() if isinstance(k, ValidationResultIdentifier)]
+    keys = sorted(stored, key=lambda k: k.run_id.run_time, reverse=True)
+    seen: dict[str, int] = {}
+    docs = project / "gx" / "uncommitted" / "data_docs" / "local_site" / "validations"
+    for key in keys:
+        suite = key.expectation_suite_identifier.name
+        seen[suite] = seen.get(suite, 0) + 1
+        if seen[suite] > KEPT_RESULTS:
+            store.remove_key(key)
+            docs.joinpath(*key.to_tuple()).with_suffix(".html").unlink(missing_ok=True)
+    fresh = [k for k in keys if k.run_id.run_name == run_id]
+    suites_shown = {ExpectationSuiteIdentifier(name=k.expectation_suite_identifier.name) for k in fresh}
+    shown: list[Any] = [*fresh, *suites_shown]  # GE's annotation wants one kind; it builds both
+    context.build_data_docs(resource_identifiers=shown or None)
 
 
 def _expectation(result: Any) -> Any:
@@ -306,11 +373,31 @@ def _row(r: Any, batch: Batch, rows: int, run_id: str, validated_at: dt.datetime
         "kwargs": json.dumps(kwargs, sort_keys=True, default=str),
         "blocking": blocking,
         "success": bool(r.success),
-        "observed_value": None if observed is None else json.dumps(observed, default=str),
-        "element_count": result.get("element_count", rows),
-        "unexpected_count": unexpected,
-        "unexpected_sample": json.dumps(sample[:SAMPLE], default=str) if sample else None,
+        "observed_value": None if observed is None else _json(observed),
+        "element_count": int(result.get("element_count", rows)),
+        "unexpected_count": None if unexpected is None else int(unexpected),
+        "unexpected_sample": _json(sample[:SAMPLE]) if sample else None,
     }
+
+
+def _json(value: Any) -> str:
+    """A result value as JSON, the same from either engine: pandas hands numpy scalars and arrays, NaN for
+    a null, and a float for a whole number in a column that also holds nulls (no table here has a
+    fractional column)."""
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)) or hasattr(v, "tolist"):
+            v = v.tolist() if hasattr(v, "tolist") else v
+            return [plain(x) for x in v] if isinstance(v, list) else plain(v)
+        if hasattr(v, "item"):
+            v = v.item()
+        if isinstance(v, float) and (math.isnan(v) or v.is_integer()):
+            return None if math.isnan(v) else int(v)
+        return v
+
+    return json.dumps(plain(value), default=str)
 
 
 def _append(spark: SparkSession, table: str, rows: list[dict[str, Any]]) -> None:

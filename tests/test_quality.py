@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,10 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from jobs import quality
 from jobs.cli import main
 from jobs.config import Config
-from jobs.quality import EXIT_BLOCKING, check_quality
+from jobs.quality import EXIT_BLOCKING, Batch, _validate, check_quality, quality_dir
 from jobs.reconcile import reconcile
 from schemas.bronze import BRONZE
 from schemas.quality import suites
@@ -56,8 +58,10 @@ def _failed(results: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, An
 
 @pytest.mark.spark
 def test_clean_data_passes_and_broken_data_fails(
-    spark: SparkSession, config: Config, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+    spark: SparkSession, config: Config, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setattr(quality, "KEPT_RESULTS", 1)
     cfg = fresh_db(spark, config, "t_quality")
     make_landing(tmp_path / "landing", n=150, seed=4)
     ingest(spark, cfg, tmp_path / "landing", "run-1")
@@ -126,6 +130,17 @@ def test_clean_data_passes_and_broken_data_fails(
     assert "skipped commit_references: no new rows in real_events" in out
     assert "FAILED  half_events" in out and "warning op_references" in out and "Data Docs:" in out
 
+    # GE keeps the latest KEPT_RESULTS results per suite for Data Docs (dq_results keeps them all).
+    gx = quality_dir(cfg) / "gx" / "uncommitted"
+    kept = sorted(p.relative_to(gx / "validations") for p in (gx / "validations" / "half_events").rglob("*.json"))
+    assert [p.parts[1] for p in kept] == [run_id]
+    pages = (gx / "data_docs" / "local_site" / "validations" / "half_events").rglob("*.html")
+    assert sorted(p.relative_to(gx / "data_docs" / "local_site" / "validations") for p in pages) == [
+        k.with_suffix(".html") for k in kept
+    ]
+    index = clean.docs.read_text()
+    assert f"validations/half_events/{run_id}/" in index and "validations/half_events/dq-1/" not in index
+
 
 @pytest.mark.spark
 def test_silver_and_gold_are_validated_by_what_changed(spark: SparkSession, config: Config, tmp_path: Path) -> None:
@@ -161,6 +176,50 @@ def test_silver_and_gold_are_validated_by_what_changed(spark: SparkSession, conf
     assert {r["scope"] for r in whole} == {"full"} and all(r["success"] for r in whole)
     states = next(r for r in whole if r["expectation"] == "expect_column_values_to_be_in_set(state)")
     assert states["element_count"] == spark.table(life).count()
+
+
+@pytest.mark.spark
+def test_the_driver_and_spark_give_a_batch_the_same_results(
+    spark: SparkSession, config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """A small batch is validated by GE's pandas engine in the driver, a large one in Spark: the same rows get
+    the same verdict, count and sample from each (pandas holds a nullable int as a float, a null as NaN)."""
+    cfg = fresh_db(spark, config, "t_quality_engines")
+    make_landing(tmp_path / "landing", n=40, seed=9)
+    ingest(spark, cfg, tmp_path / "landing", "run-1")
+    half = spark.table(cfg.table("half_events")).orderBy("queue_offset")
+    first = half.limit(3).collect()
+    broken = spark.createDataFrame([
+        first[0].asDict() | {"uniq_key": "FORGED"},  # a second row under the first one's key
+        first[1].asDict() | {"queue_offset": -1},
+        first[2].asDict() | {"queue_offset": 10**9, "check_times": 99},
+    ], half.schema)  # fmt: skip
+    suite = next(s for s in suites(cfg.broker.check_max) if s.name == "half_events")
+    batch = Batch(suite, half.unionByName(broken), None, "incremental")
+
+    caplog.set_level(logging.INFO, logger="jobs.quality")
+    in_driver = _validate(quality_dir(cfg), batch, "engines-1", NOW, ())
+    monkeypatch.setattr(quality, "DRIVER_ROWS", -1)
+    in_spark = _validate(quality_dir(cfg), batch, "engines-2", NOW, ())
+    assert "rows in the driver" in caplog.text and "rows in Spark" in caplog.text
+
+    def verdicts(rows: list[dict[str, Any]]) -> dict[str, tuple[Any, ...]]:
+        def key(value: Any) -> str:
+            return json.dumps(value, sort_keys=True)
+
+        return {
+            r["expectation"]: (r["success"], r["element_count"], r["unexpected_count"],
+                               sorted(json.loads(r["unexpected_sample"] or "[]"), key=key))
+            for r in rows
+        }  # fmt: skip
+
+    assert verdicts(in_driver) == verdicts(in_spark)
+    failed = {k: v for k, v in verdicts(in_driver).items() if not v[0]}
+    assert failed["expect_column_values_to_be_between(check_times)"][2:] == (1, [99])
+    assert failed["expect_column_values_to_be_between(queue_offset)"][2:] == (1, [-1])
+    assert failed["expect_compound_columns_to_be_unique(broker_name+topic+queue_id+queue_offset)"][2] == 2
+    assert len(failed) == 3
 
 
 def _conf(tmp_path: Path, cfg: Config) -> Path:
