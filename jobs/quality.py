@@ -1,9 +1,8 @@
 """`txn-recon quality [--full]`: run the expectation suites of `schemas.quality` with Great Expectations,
 append one `dq_results` row per expectation result, and build the Data Docs site under the warehouse.
 
-Only what changed is validated: a table whose Delta version was validated before is skipped; bronze,
-txn_lifecycle, offset_commits and anomalies validate the rows their Change Data Feed added or rewrote since
-then (plus the rows sharing a key with them); deliveries, rewritten by every reconcile, are validated whole.
+Only what changed is validated: a table whose Delta version was validated before is skipped; the others
+validate the rows their Change Data Feed added or rewrote since then (plus the rows sharing a key with them).
 The cross-table views run when any table changed, the reference views on the ops and commits that arrived.
 `--full` validates everything.
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import functools
 import json
 import logging
 import sys
@@ -31,7 +32,7 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from jobs.catalog import create_table, table_version
+from jobs.catalog import add_new_fields, create_table, table_version
 from jobs.config import Config
 from jobs.errors import TxnReconError, first_line
 from jobs.ingest import new_run_id
@@ -50,7 +51,7 @@ from schemas.reconciled import (
 from schemas.spark import to_struct
 from transforms.anomalies import OFFSET_KEY, offset_commits, offset_regressions, transaction_anomalies
 from transforms.consumers import GROUP_TYPES, group_anomalies, refusals
-from transforms.deliveries import deliveries
+from transforms.deliveries import changing, deliveries, wanted
 from transforms.frames import union_all
 from transforms.lifecycle import ID, Rules, facts, lifecycle, resolutions, resolved_offsets, up_to
 from transforms.scope import facts_of, touched_queues, touched_transactions
@@ -69,7 +70,7 @@ TIME = {"half": "store_timestamp", "op": "store_timestamp", "real": "store_times
 SNAPSHOT_TIME = "snapshot_ts"
 # Anomaly types every run recomputes whole, whatever changed.
 WHOLE_TYPES = ("OFFSET_REGRESSION", *GROUP_TYPES)
-OUTPUTS = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES)
+OUTPUTS = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES, DELIVERIES)
 # Bronze history entries that only add rows (or move them without changing data).
 APPEND_ONLY = {"WRITE": "Append", "OPTIMIZE": None, "CREATE TABLE": None, "SET TBLPROPERTIES": None}
 # Recomputing a part costs about as much as the whole once it is a quarter of a large table; the
@@ -92,6 +93,7 @@ class Written:
     reason: str | None
     transactions: int
     queues: int
+    wants: str  # wants_json: what the deliveries written were computed for
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -169,21 +171,18 @@ def ensure_outputs(spark: SparkSession, config: Config) -> str | None:
     """Create the output tables that are missing. One whose columns differ from its schema (written by an
     older version) is derived data: it is dropped and rebuilt, and the reason is returned."""
     reason = None
-    for schema in (*OUTPUTS, DELIVERIES):
+    for schema in OUTPUTS:
         table = config.table(schema.name)
         if spark.catalog.tableExists(table) and not _same_columns(spark.table(table).schema, schema):
             log.warning("  %s has other columns than this version writes; rebuilding it", table)
             spark.sql(f"DROP TABLE {table}")
-            if schema in OUTPUTS:  # deliveries are rewritten whole by every run anyway
-                reason = f"{schema.name} was rebuilt with new columns"
+            reason = f"{schema.name} was rebuilt with new columns"
         # Deletion vectors let a merge mark changed rows instead of rewriting every file holding one; the
-        # change feed lets the quality suites validate what a merge changed (deliveries are rewritten whole).
-        properties = {"delta.enableDeletionVectors": "true"}
-        if schema in OUTPUTS:
-            properties["delta.enableChangeDataFeed"] = "true"
+        # change feed lets the quality suites validate what a merge changed.
+        properties = {"delta.enableDeletionVectors": "true", "delta.enableChangeDataFeed": "true"}
         stats = LIFECYCLE_STATS_COLUMNS if schema is TXN_LIFECYCLE else ()
         create_table(spark, config, schema, properties=properties, stats_columns=stats)
-    create_table(spark, config, RECONCILE_RUNS)
+    add_new_fields(spark, create_table(spark, config, RECONCILE_RUNS), RECONCILE_RUNS)
     return reason
 
 
@@ -272,9 +271,12 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
         # Files by birth time: new events touch recent transactions, so a later merge skips the older files.
         _replace(config, TXN_LIFECYCLE, life.repartitionByRange("born_ts"))
         _progress("txn_lifecycle written")
-        _replace(config, DELIVERIES, view[DELIVERIES.name])
+        # Files by store time: the rows a later run changes are recent as a rule, so its merge skips the rest.
+        _replace(config, DELIVERIES, view[DELIVERIES.name].repartitionByRange("store_timestamp"))
         _progress("deliveries written")
-        return Written("full", reason, life.count(), commits_df.select(*OFFSET_KEY).distinct().count())
+        transactions, queues = life.count(), commits_df.select(*OFFSET_KEY).distinct().count()
+        wants = wants_json(wanted(snapshots_up_to(bronze.frames, as_of), commits_df))
+        return Written("full", reason, transactions, queues, wants)
     finally:
         life.unpersist()
         commits_df.unpersist()
@@ -297,10 +299,11 @@ def incremental(
         return None
     life = facts_of(keys, half, op, real).transform(lifecycle(as_of, rules)).localCheckpoint()
     commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).localCheckpoint()
-    kept = _as_left(spark, config, OFFSET_COMMITS, last).join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
+    commits_then = _as_left(spark, config, OFFSET_COMMITS, last)
+    kept = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
     every_commit = union_all([kept.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
     snapshots = snapshots_up_to(bronze.frames, as_of)
-    # The group findings and offset regressions are recomputed whole (WHOLE_TYPES), and so are deliveries.
+    # The group findings and offset regressions are recomputed whole (WHOLE_TYPES).
     refused = refusals(snapshots, every_commit, real).checkpointed()
     whole = (
         every_commit.transform(offset_regressions(real, as_of))
@@ -315,11 +318,36 @@ def incremental(
     _progress("offset_commits merged")
     _merge(spark, config, TXN_LIFECYCLE, life, ID, born_since(life))
     _progress("txn_lifecycle merged")
-    _replace(
-        config, DELIVERIES, deliveries(real, snapshots, every_commit, bronze.frames["copy"], whole, refused, as_of)
-    )
-    _progress("deliveries written")
-    return Written("incremental", None, n_keys, n_queues)
+    copies, wants = bronze.frames["copy"], wants_json(wanted(snapshots, every_commit))
+    if wants != last["wants"]:
+        _replace(config, DELIVERIES, deliveries(real, snapshots, every_commit, copies, whole, refused, as_of))
+        _progress("deliveries rewritten: the groups want other topics or tags than at the last run")
+    else:
+        stored = _as_left(spark, config, DELIVERIES, last)
+        messages = changing(real, new["real"], snapshots, commits_then, every_commit, stored, copies, whole, refused,
+                            as_of).localCheckpoint()  # fmt: skip
+        recomputed = deliveries(messages, snapshots, every_commit, copies, whole, refused, as_of).localCheckpoint()
+        changed = differing(recomputed, stored, DELIVERIES).localCheckpoint()
+        earliest = changed.agg(F.min("store_timestamp")).first()[0]  # type: ignore[index]
+        if earliest is not None:
+            _merge(spark, config, DELIVERIES, changed, list(DELIVERIES.key), f"t.store_timestamp >= {earliest}")
+        _progress("deliveries merged: %d messages recomputed, %d rows changed", messages.count(), changed.count())
+    return Written("incremental", None, n_keys, n_queues, wants)
+
+
+def differing(recomputed: DataFrame, stored: DataFrame, schema: Schema) -> DataFrame:
+    """The recomputed rows no stored row equals (nulls equal), found among the stored rows sharing their keys:
+    a merge's source bounds the files it reads, and most recomputed rows are as they were."""
+    keys = recomputed.select(*schema.key)
+    same = stored.join(F.broadcast(keys), on=list(schema.key), how="left_semi").select(*schema.names)
+    r, s = recomputed.select(*schema.names).alias("r"), same.alias("s")
+    equal = [F.col(f"r.{c}").eqNullSafe(F.col(f"s.{c}")) for c in schema.names]
+    return r.join(s, on=functools.reduce(lambda a, b: a & b, equal), how="left_anti")
+
+
+def wants_json(df: DataFrame) -> str:
+    """What the groups want per topic (`transforms.deliveries.wanted`), as JSON a later run compares with."""
+    return json.dumps(sorted([r[0], r[1], r[2]] for r in df.collect()))
 
 
 def _as_left(spark: SparkSession, config: Config, schema: Schema, last: Row) -> DataFrame:
@@ -426,6 +454,7 @@ def record_run(
     row = {
         "run_id": new_run_id(started_at, "reconcile"), "mode": written.mode, "reason": written.reason,
         "as_of": as_of, "rules": rules_json(rules), "transactions": written.transactions, "queues": written.queues,
+        "wants": written.wants,
         **{f"{s}_version": v for s, v in bronze.versions.items()},
         **{f"{s.name}_version": table_version(spark, config.table(s.name)) for s in OUTPUTS},
         "started_at": started_at.replace(tzinfo=None), "finished_at": dt.datetime.now(dt.UTC).replace(tzinfo=None),

@@ -134,7 +134,7 @@ def suites(check_max: int) -> tuple[Suite, ...]:
         ),
         Suite(OFFSET_COMMITS.name, "silver", contract(OFFSET_COMMITS), incremental=True),
         Suite(ANOMALIES.name, "gold", contract(ANOMALIES) + anomalies, incremental=True, key=ANOMALIES.key),
-        Suite(DELIVERIES.name, "gold", contract(DELIVERIES) + deliveries),
+        Suite(DELIVERIES.name, "gold", contract(DELIVERIES) + deliveries, incremental=True, key=DELIVERIES.key),
         Suite("op_references", "cross", (_problems("every half offset an op lists is a known half copy"),)),
         Suite("commit_references", "cross", (_problems("every commit's prepared offset is a half copy"),)),
         Suite("lifecycle_totals", "cross", (_problems("lifecycle counts add up to the half and real counts"),)),

@@ -91,12 +91,19 @@ RECONCILE_RUNS = Schema(
         Field("anomalies_version", "long"),
         Field("started_at", "timestamp"),
         Field("finished_at", "timestamp"),
+        Field("deliveries_version", "long", nullable=True, doc="null: written by an older version, whole"),
+        Field(
+            "wants",
+            "string",
+            nullable=True,
+            doc="what each group wanted per topic, as JSON: when it changes, deliveries are rewritten whole",
+        ),
     ),
     key=("run_id",),
 )
 
-# Gold: what became of each stored business message in each group that wants it (transforms/deliveries.py).
-# Rewritten whole by every reconcile run, as of its as_of.
+# Gold: what became of each stored business message in each group that wants it (transforms/deliveries.py),
+# as of the as_of of the last reconcile run (reconcile_runs).
 DELIVERIES = Schema(
     "deliveries",
     (
@@ -112,8 +119,7 @@ DELIVERIES = Schema(
         Field("status", "string", doc="CONSUMED, DEAD_LETTERED, UNDELIVERED or PENDING"),
         Field("retries", "int", doc="copies the group's consumers sent back to %RETRY% before this status"),
         Field("duplicates_expected", "int", doc="hand-offs and offset regressions that deliver it again"),
-        Field("pending_ms", "long", nullable=True, doc="its age at as_of while PENDING"),
-        Field("as_of", "long"),
+        Field("pending_ms", "long", nullable=True, doc="its age while PENDING, at the last reconcile run's as_of"),
     ),
     key=("consumer_group", "broker_name", "topic", "queue_id", "queue_offset"),
 )

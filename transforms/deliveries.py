@@ -9,7 +9,7 @@ Status, first that holds:
 - DEAD_LETTERED: the group's consumers failed it until the broker parked a copy in `%DLQ%<group>`.
 - UNDELIVERED: the committed offset passed it while every filter that applied refused it (UNDELIVERED).
 - CONSUMED: the group's committed offset is past it (after `retries` send-backs, if any).
-- PENDING: not passed yet; `pending_ms` is its age at `as_of`.
+- PENDING: not passed yet; `pending_ms` is its age at `as_of` (the reconcile run's, in `reconcile_runs`).
 So for every group: stored and wanted = consumed + dead-lettered + undelivered + pending.
 
 `duplicates_expected` counts the windows that deliver it to the group again: hand-offs whose new holder
@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from transforms.consumers import QUEUE, Refusals, refused_messages, tag_matches
+from transforms.frames import union_all
 
 MESSAGE = [*QUEUE, "queue_offset"]
 # The findings that deliver messages again, and where their window [low, high) is in their detail.
@@ -112,5 +113,61 @@ def deliveries(real_df: DataFrame, consumer_df: DataFrame, offset_commits_df: Da
         F.coalesce("retries", F.lit(0)).cast("int").alias("retries"),
         F.coalesce("duplicates_expected", F.lit(0)).cast("int").alias("duplicates_expected"),
         F.when(F.col("status") == "PENDING", F.lit(as_of) - F.col("store_timestamp")).alias("pending_ms"),
-        F.lit(as_of).alias("as_of"),
     )  # fmt: skip
+
+
+def changing(real_df: DataFrame, new_real_df: DataFrame, consumer_df: DataFrame, then_commits_df: DataFrame,
+             commits_df: DataFrame, stored_df: DataFrame, copy_df: DataFrame, findings_df: DataFrame,
+             refused: Refusals, as_of: int) -> DataFrame:  # fmt: skip
+    """The stored messages (rows of `real_df`) whose deliveries rows can differ from `stored_df`'s, the rows
+    an earlier run wrote when the offsets committed were `then_commits_df`, provided the groups want what
+    they wanted then (`wanted`). Everything else in a row is the message's own or follows from these:
+    - in each queue, every message from the lowest offset a group that wants it had committed then or has
+      now (a group without a commit there: all of them), or from the first message new since: the pending
+      ones, the ones passed since, and the ones passed again after an offset went back;
+    - below it, the messages a copy, a tag filter's refusal or a redelivery window names now, or that
+      `stored_df` holds as undelivered or to be delivered again."""
+    key = ["consumer_group", *QUEUE]
+    wants = wanted(consumer_df, commits_df).select("consumer_group", "topic")
+    then, now = (committed_offsets(c).withColumnRenamed("committed", n) for c, n in
+                 ((then_commits_df, "then"), (commits_df, "now")))  # fmt: skip
+    # Per queue, the lowest offset passed then or now by a group that wants the topic; a queue where fewer of
+    # them committed than want the topic has a group with nothing passed there (-1), as has one none did.
+    passed = (
+        then.join(now, on=key, how="full").join(F.broadcast(wants), on=["consumer_group", "topic"], how="left_semi")
+        .groupBy(*QUEUE).agg(F.min(F.least("then", "now")).alias("low"), F.count(F.lit(1)).alias("groups"),
+                             F.max(F.col("then").isNull() | F.col("now").isNull()).alias("new_pair"))
+        .join(wants.groupBy("topic").agg(F.count(F.lit(1)).alias("wanting")), on="topic")
+        .select(*QUEUE, F.when(F.col("new_pair") | (F.col("groups") < F.col("wanting")), F.lit(-1))
+                .otherwise(F.col("low")).alias("low"))
+    )  # fmt: skip
+    lows = (
+        passed.unionByName(new_real_df.groupBy(*QUEUE).agg(F.min("queue_offset").alias("low")))
+        .groupBy(*QUEUE).agg(F.min("low").alias("low"))
+    )  # fmt: skip
+    wanted_topics = wants.select("topic").distinct().withColumn("_wanted", F.lit(True))
+    copies = (
+        copy_df.where(F.col("store_timestamp") <= as_of)
+        .select(F.col("origin_topic").alias("topic"), "uniq_key").distinct().withColumn("_copied", F.lit(True))
+    )  # fmt: skip
+    named = union_all([
+        refused_messages(refused).select(*MESSAGE),
+        stored_df.where((F.col("status") == "UNDELIVERED") | (F.col("duplicates_expected") > 0)).select(*MESSAGE),
+    ]).distinct().withColumn("_named", F.lit(True))  # fmt: skip
+    # A queue none of whose groups committed is absent from `lows`: all of it, if its topic is wanted.
+    low = F.coalesce("low", F.when(F.col("_wanted"), F.lit(-1)))
+    tail = (
+        real_df.join(F.broadcast(lows), on=QUEUE, how="left").join(F.broadcast(wanted_topics), on="topic", how="left")
+        .join(F.broadcast(copies), on=["topic", "uniq_key"], how="left")
+        .join(F.broadcast(named), on=MESSAGE, how="left")
+        .where((F.col("queue_offset") >= low) | F.col("_copied").isNotNull() | F.col("_named").isNotNull())
+        .select(*real_df.columns)
+    )  # fmt: skip
+    windows = redelivery_windows(findings_df)
+    in_windows = real_df.join(
+        F.broadcast(windows.select(*QUEUE, "low", "high").distinct()).alias("w"),
+        on=[real_df[c] == F.col(f"w.{c}") for c in QUEUE]
+        + [F.col("queue_offset") >= F.col("w.low"), F.col("queue_offset") < F.col("w.high")],
+        how="left_semi",
+    )
+    return tail.unionByName(in_windows).dropDuplicates(MESSAGE)
