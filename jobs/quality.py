@@ -59,6 +59,7 @@ from great_expectations.data_context.types.resource_identifiers import (
     ExpectationSuiteIdentifier,
     ValidationResultIdentifier,
 )
+from great_expectations.exceptions.resource_freshness import ResourceFreshnessAggregateError
 from great_expectations.expectations.expectation import (
     ColumnMapExpectation,
     ColumnPairMapExpectation,
@@ -235,11 +236,12 @@ def _context(project: Path) -> FileDataContext:
     return context
 
 
-def _definition(project: Path, suite: Suite, engine: str) -> gx.ValidationDefinition:
+def _definition(project: Path, suite: Suite, engine: str, again: bool = False) -> gx.ValidationDefinition:
     """The suite and its validation definition on `engine`'s data source, written into the GE project from
-    our code once per process (per suite as the config makes it)."""
+    our code once per process (per suite as the config makes it), or `again`: the definition of the same
+    suite for the other engine, or for another config, saves the suite anew, which GE then tells apart."""
     key = (project, engine, repr(suite))
-    if key not in _DEFINITIONS:
+    if again or key not in _DEFINITIONS:
         _DEFINITIONS[key] = _define(_context(project), suite, engine)
     return _DEFINITIONS[key]
 
@@ -303,9 +305,12 @@ def _validate(
         definition = _definition(project, batch.suite, engine)
         params = {"dataframe": df if local is None else local}
         gx_run = RunIdentifier(run_name=run_id, run_time=validated_at.replace(tzinfo=dt.UTC))
-        results = definition.run(
-            batch_parameters=params, result_format={"result_format": "BOOLEAN_ONLY"}, run_id=gx_run
-        ).results
+        boolean_only = {"result_format": "BOOLEAN_ONLY"}
+        try:
+            results = definition.run(batch_parameters=params, result_format=boolean_only, run_id=gx_run).results
+        except ResourceFreshnessAggregateError:  # its suite saved since by another definition of it: write again
+            definition = _definition(project, batch.suite, engine, again=True)
+            results = definition.run(batch_parameters=params, result_format=boolean_only, run_id=gx_run).results
         if any(not r.success for r in results):
             gx_batch = definition.batch_definition.get_batch(batch_parameters=params)
             detail = {"result_format": "BASIC", "partial_unexpected_count": SAMPLE}
