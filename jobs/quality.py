@@ -170,9 +170,11 @@ def check_quality(
 
 
 def last_versions(spark: SparkSession, results_table: str) -> dict[str, int]:
-    """The Delta version of each table that an earlier run validated last."""
-    rows = spark.table(results_table).groupBy("suite").agg(F.max("table_version").alias("v")).collect()
-    return {r["suite"]: int(r["v"]) for r in rows if r["v"] is not None}
+    """The Delta version of each table that an earlier run validated last: the latest run's, not the largest
+    (a table rebuilt by reconcile starts again from version 0)."""
+    last = F.max(F.struct("validated_at", "table_version"))["table_version"]
+    rows = spark.table(results_table).where(F.col("table_version").isNotNull()).groupBy("suite").agg(last.alias("v"))
+    return {r["suite"]: int(r["v"]) for r in rows.collect()}
 
 
 def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | None, version: int) -> Batch:

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from jobs import quality
 from jobs.cli import main
 from jobs.config import Config
-from jobs.quality import EXIT_BLOCKING, Batch, _validate, check_quality, quality_dir
+from jobs.quality import EXIT_BLOCKING, Batch, _validate, check_quality, last_versions, quality_dir
 from jobs.reconcile import reconcile
 from schemas.bronze import BRONZE
 from schemas.quality import suites
@@ -45,6 +45,17 @@ def test_changed_rows_are_the_rows_a_change_left_in_the_table(spark: SparkSessio
     keyed = sorted(tuple(r) for r in changed_rows(table, changed, ["k"]).collect())
     assert keyed == [("a", 1), ("a", 2), ("c", 4)]  # every row sharing a key, so ("a", 1) meets its duplicate
     assert sorted(tuple(r) for r in changed_rows(table, changed, []).collect()) == [("a", 2), ("c", 4)]
+
+
+@pytest.mark.spark
+def test_the_version_validated_last_is_the_latest_runs_not_the_largest(spark: SparkSession) -> None:
+    """A table reconcile rebuilt (new columns) starts again from version 0: the largest version validated
+    would then skip it, or validate it whole, until it caught up."""
+    rows = [("deliveries", NOW, 25), ("deliveries", NOW + dt.timedelta(hours=1), 3), ("group_findings", NOW, None)]
+    spark.createDataFrame(rows, "suite string, validated_at timestamp, table_version long").createOrReplaceTempView(
+        "dq_versions"
+    )
+    assert last_versions(spark, "dq_versions") == {"deliveries": 3}
 
 
 def _results(spark: SparkSession, cfg: Config, run_id: str) -> list[dict[str, Any]]:
