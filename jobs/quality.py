@@ -394,11 +394,10 @@ def _json(value: Any) -> str:
     def plain(v: Any) -> Any:
         if isinstance(v, dict):
             return {k: plain(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)) or hasattr(v, "tolist"):
-            v = v.tolist() if hasattr(v, "tolist") else v
-            return [plain(x) for x in v] if isinstance(v, list) else plain(v)
-        if hasattr(v, "item"):
-            v = v.item()
+        if hasattr(v, "tolist"):  # a numpy array or scalar
+            v = v.tolist()
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
         if isinstance(v, float) and (math.isnan(v) or v.is_integer()):
             return None if math.isnan(v) else int(v)
         return v

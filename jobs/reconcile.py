@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
-import functools
 import json
 import logging
 import sys
@@ -52,7 +51,7 @@ from schemas.spark import to_struct
 from transforms.anomalies import OFFSET_KEY, offset_commits, offset_regressions, transaction_anomalies
 from transforms.consumers import GROUP_TYPES, group_anomalies, refusals
 from transforms.deliveries import changing, deliveries, wanted
-from transforms.frames import union_all
+from transforms.frames import differing, union_all
 from transforms.lifecycle import ID, Rules, facts, lifecycle, resolutions, resolved_offsets, up_to
 from transforms.scope import facts_of, touched_queues, touched_transactions
 
@@ -271,8 +270,7 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
         # Files by birth time: new events touch recent transactions, so a later merge skips the older files.
         _replace(config, TXN_LIFECYCLE, life.repartitionByRange("born_ts"))
         _progress("txn_lifecycle written")
-        # Files by store time: the rows a later run changes are recent as a rule, so its merge skips the rest.
-        _replace(config, DELIVERIES, view[DELIVERIES.name].repartitionByRange("store_timestamp"))
+        _replace_deliveries(config, view[DELIVERIES.name])
         _progress("deliveries written")
         transactions, queues = life.count(), commits_df.select(*OFFSET_KEY).distinct().count()
         wants = wants_json(wanted(snapshots_up_to(bronze.frames, as_of), commits_df))
@@ -320,14 +318,14 @@ def incremental(
     _progress("txn_lifecycle merged")
     copies, wants = bronze.frames["copy"], wants_json(wanted(snapshots, every_commit))
     if wants != last["wants"]:
-        _replace(config, DELIVERIES, deliveries(real, snapshots, every_commit, copies, whole, refused, as_of))
+        _replace_deliveries(config, deliveries(real, snapshots, every_commit, copies, whole, refused, as_of))
         _progress("deliveries rewritten: the groups want other topics or tags than at the last run")
     else:
         stored = _as_left(spark, config, DELIVERIES, last)
         messages = changing(real, new["real"], snapshots, commits_then, every_commit, stored, copies, whole, refused,
                             as_of).localCheckpoint()  # fmt: skip
         recomputed = deliveries(messages, snapshots, every_commit, copies, whole, refused, as_of).localCheckpoint()
-        changed = differing(recomputed, stored, DELIVERIES).localCheckpoint()
+        changed = differing(recomputed.select(*DELIVERIES.names), stored, DELIVERIES.key).localCheckpoint()
         earliest = changed.agg(F.min("store_timestamp")).first()[0]  # type: ignore[index]
         if earliest is not None:
             _merge(spark, config, DELIVERIES, changed, list(DELIVERIES.key), f"t.store_timestamp >= {earliest}")
@@ -335,14 +333,10 @@ def incremental(
     return Written("incremental", None, n_keys, n_queues, wants)
 
 
-def differing(recomputed: DataFrame, stored: DataFrame, schema: Schema) -> DataFrame:
-    """The recomputed rows no stored row equals (nulls equal), found among the stored rows sharing their keys:
-    a merge's source bounds the files it reads, and most recomputed rows are as they were."""
-    keys = recomputed.select(*schema.key)
-    same = stored.join(F.broadcast(keys), on=list(schema.key), how="left_semi").select(*schema.names)
-    r, s = recomputed.select(*schema.names).alias("r"), same.alias("s")
-    equal = [F.col(f"r.{c}").eqNullSafe(F.col(f"s.{c}")) for c in schema.names]
-    return r.join(s, on=functools.reduce(lambda a, b: a & b, equal), how="left_anti")
+def _replace_deliveries(config: Config, df: DataFrame) -> None:
+    """Deliveries written whole, in files by store time: the rows a later run changes are recent as a rule,
+    so its merge (bounded by store time) skips the rest."""
+    _replace(config, DELIVERIES, df.repartitionByRange("store_timestamp"))
 
 
 def wants_json(df: DataFrame) -> str:
