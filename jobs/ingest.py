@@ -33,7 +33,7 @@ from jobs.session import build_session
 from schemas import LANDING
 from schemas.bronze import BRONZE, CLUSTER_BY, COLLECT_RUNS, INGEST_FILES, INGEST_RUNS, QUARANTINE, STATS_COLUMNS
 from schemas.spark import to_struct
-from transforms.frames import union_all
+from transforms.frames import ranges, union_all, within
 from transforms.landing import (
     DUPLICATE,
     INSERT,
@@ -259,8 +259,9 @@ def write_records(
     if sum(f.size for f in files) <= SMALL_BATCH_BYTES:
         # A small batch against a large table: cut bronze down to the batch's keys by broadcasting them,
         # instead of shuffling every stored key to join with a few new ones.
-        keys = F.broadcast(batch.select(*bronze.key).distinct())
-        stored = stored.join(keys, on=list(bronze.key), how="left_semi")
+        # Bronze is bounded by the batch's key ranges first, so Delta reads its recent files only as a rule.
+        keys = batch.select(*bronze.key).distinct().localCheckpoint()
+        stored = within(stored, ranges(keys, bronze.key)).join(F.broadcast(keys), on=list(bronze.key), how="left_semi")
     facts = key_facts(bronze.key, batch, stored).localCheckpoint()
     [sizes] = facts.agg(F.count("*").alias("keys"), F.count_if(F.col("_copies") > 1).alias("contested")).collect()
     if sizes["keys"] <= BROADCAST_KEYS:

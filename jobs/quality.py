@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,12 +41,15 @@ from schemas.bronze import BRONZE
 from schemas.quality import DQ_RESULTS, Expectation, Suite, suites
 from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, TXN_LIFECYCLE
 from schemas.spark import to_struct
+from transforms.frames import ranges, within
+from transforms.lifecycle import listed_copies
 from transforms.quality import (
     changed_rows,
     commit_references,
     group_findings,
     lifecycle_totals,
     op_references,
+    prepared_halves,
 )
 
 # GE sends usage statistics unless told not to; this machine's network is closed to them.
@@ -73,8 +77,14 @@ EXIT_BLOCKING = 3
 SAMPLE = 20  # unexpected values kept per result
 CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 ROW_EXPECTATIONS = (ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation)
-# The reference views: the bronze stream whose rows they check against the halves.
-REFERENCES = {"op_references": ("op", op_references), "commit_references": ("real", commit_references)}
+COPY_KEY = BRONZE["half"].key  # (broker_name, topic, queue_id, queue_offset)
+# The reference views: the bronze stream whose rows they check against the halves, and the ranges of
+# half_events' columns that those rows can name.
+REFERENCES = {
+    "op_references": ("op", op_references, lambda df: ranges(listed_copies(df), COPY_KEY)),
+    "commit_references": ("real", commit_references,
+                          lambda df: ranges(prepared_halves(df), ["broker_name", "commit_log_offset"])),
+}  # fmt: skip
 # A batch up to this many rows is validated in the driver by GE's pandas engine: the same expectations,
 # without the Spark jobs GE runs per metric, which cost a second or more per suite on a batch of any size
 # (a serve cycle's batches are a few thousand rows). A larger one stays in Spark.
@@ -142,26 +152,39 @@ def check_quality(
     outcome = Outcome(run_id, docs_index(config))
     validated = {} if full else last_versions(spark, results_table)
     all_suites = suites(config.broker.check_max)
-    batches = []
-    for suite in (s for s in all_suites if s.layer != "cross"):
+
+    def table_batch(suite: Suite) -> Batch | str:
         name = config.table(suite.name)
         if not spark.catalog.tableExists(name):
-            outcome.skipped.append((suite.name, "no table yet"))
-            continue
+            return "no table yet"
         version = table_version(spark, name)
         previous = validated.get(suite.name)
         if previous == version:
-            outcome.skipped.append((suite.name, f"unchanged since version {version}"))
-            continue
-        batches.append(_table_batch(spark, name, suite, previous, version))
-    cross = [s for s in all_suites if s.layer == "cross"]
-    if batches:
-        batches += _cross_batches(spark, config, cross, outcome, {b.suite.name: b for b in batches})
-    else:
-        outcome.skipped += [(s.name, "no table changed") for s in cross]
-    project = quality_dir(config)
-    for batch in batches:
-        outcome.results += _validate(project, batch, run_id, validated_at, config.quality.blocking)
+            return f"unchanged since version {version}"
+        return _table_batch(spark, name, suite, previous, version)
+
+    # Two threads throughout, so that the Spark jobs of one batch (most of a small job is the driver's) run
+    # while the other thread's wait or GE validates in the driver: at most two fetched batches are held.
+    with ThreadPoolExecutor(2, "quality") as pool:
+        tables = [s for s in all_suites if s.layer != "cross"]
+        batches = []
+        for suite, made in zip(tables, pool.map(table_batch, tables), strict=True):
+            if isinstance(made, str):
+                outcome.skipped.append((suite.name, made))
+            else:
+                batches.append(made)
+        cross = [s for s in all_suites if s.layer == "cross"]
+        if batches:
+            batches += _cross_batches(spark, config, cross, outcome, {b.suite.name: b for b in batches})
+        else:
+            outcome.skipped += [(s.name, "no table changed") for s in cross]
+        project = quality_dir(config)
+        ahead = pool.submit(_local, batches[0]) if batches else None
+        for i, batch in enumerate(batches):
+            assert ahead is not None
+            local = ahead.result()
+            ahead = pool.submit(_local, batches[i + 1]) if i + 1 < len(batches) else None
+            outcome.results += _validate(project, batch, local, run_id, validated_at, config.quality.blocking)
     if outcome.results:
         _append(spark, results_table, outcome.results)
     _build_docs(project, run_id)
@@ -192,7 +215,9 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
         changed = (
             changes.where(F.col("_change_type").isin("insert", "update_postimage")).drop(*CDF_COLUMNS).localCheckpoint()
         )
-        return Batch(suite, changed_rows(snapshot, changed, suite.key), version, "incremental")
+        # Only the rows that can share a key with a changed one are looked at: the table's recent files as a rule.
+        candidates = within(snapshot, ranges(changed, suite.key)) if suite.key else snapshot
+        return Batch(suite, changed_rows(candidates, changed, suite.key), version, "incremental")
     except AnalysisException as e:  # change data no longer kept (VACUUM) or never recorded
         log.info("  %s: no change data since version %d (%s); validating it whole", table, previous, first_line(e))
         return Batch(suite, snapshot, version, "full")
@@ -215,12 +240,14 @@ def _cross_batches(
     t = {k: spark.table(v) for k, v in names.items()}
     as_of = latest_as_of(spark, config)
     views = {"group_findings": (group_findings(t["anomalies"]), "full")}
-    for name, (stream, view) in REFERENCES.items():
+    for name, (stream, view, looked_up) in REFERENCES.items():
         arrived = validated.get(BRONZE[stream].name)
         if arrived is None:
             outcome.skipped.append((name, f"no new rows in {BRONZE[stream].name}"))
         else:
-            views[name] = (view(arrived.df, t["half"]), arrived.scope)
+            # The halves the arrived rows can name: in the recent files of half_events as a rule.
+            half = t["half"] if arrived.scope == "full" else within(t["half"], looked_up(arrived.df))
+            views[name] = (view(arrived.df, half), arrived.scope)
     if as_of is not None:
         totals = lifecycle_totals(t["lifecycle"], t["offset_commits"], t["half"], t["real"], t["offset"], int(as_of))
         views["lifecycle_totals"] = (totals, "full")
@@ -290,16 +317,15 @@ def _local(batch: Batch) -> Any:
 
 
 def _validate(
-    project: Path, batch: Batch, run_id: str, validated_at: dt.datetime, blocking: tuple[str, ...]
+    project: Path, batch: Batch, local: Any, run_id: str, validated_at: dt.datetime, blocking: tuple[str, ...]
 ) -> list[dict[str, Any]]:
     """Run one suite on one batch through its persisted validation definition (so Data Docs show it), in
-    the driver when the batch is small (DRIVER_ROWS), else in Spark.
+    the driver on `local` (`_local` of the batch) when the batch is small (DRIVER_ROWS), else in Spark.
 
     The suite runs with BOOLEAN_ONLY results: GE then skips collecting a sample of unexpected values for
     every expectation, which is most of its time on Spark. Only a failed expectation runs again, alone,
     for its unexpected count and sample."""
     started = time.perf_counter()
-    local = _local(batch)
     df = batch.df.cache() if local is None else None  # GE computes its metrics in several passes
     try:
         rows = len(local) if local is not None else df.count()  # type: ignore[union-attr]

@@ -22,6 +22,7 @@ import json
 import logging
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from delta.tables import DeltaTable
@@ -49,10 +50,10 @@ from schemas.reconciled import (
 )
 from schemas.spark import to_struct
 from transforms.anomalies import OFFSET_KEY, offset_commits, offset_regressions, transaction_anomalies
-from transforms.consumers import GROUP_TYPES, group_anomalies, refusals
+from transforms.consumers import GROUP_TYPES, Refusals, group_anomalies, refusals
 from transforms.deliveries import changing, deliveries, wanted
-from transforms.frames import differing, union_all
-from transforms.lifecycle import ID, Rules, facts, lifecycle, resolutions, resolved_offsets, up_to
+from transforms.frames import differing, ranges, union_all, within
+from transforms.lifecycle import ID, Rules, facts, lifecycle, listed_copies, resolutions, resolved_offsets, up_to
 from transforms.scope import facts_of, touched_queues, touched_transactions
 
 log = logging.getLogger(__name__)
@@ -287,40 +288,25 @@ def incremental(
     half, op, real, offset = (bronze.frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
     new = {s: new_rows(spark, bronze, s, last, as_of) for s in TIME}
     current = _as_left(spark, config, TXN_LIFECYCLE, last)
+    # The copies the new ops list are looked up among the halves within their ranges: recent files as a rule.
+    listed = within(half, ranges(listed_copies(new["op"]), BRONZE["half"].key))
     # Checkpointed (kept by the executors, lineage cut): small, used in many places, and every later plan
     # stays short; a plan that repeats a cached part's whole lineage in each use can fill the heap.
-    keys = touched_transactions(new["half"], new["op"], new["real"], half, current).localCheckpoint()
+    keys = touched_transactions(new["half"], new["op"], new["real"], listed, current).localCheckpoint()
     queues = touched_queues(new["offset"]).localCheckpoint()
     n_keys, n_queues = keys.count(), queues.count()
     _progress("%d transactions and %d queues to recompute", n_keys, n_queues)
     if n_keys > FULL_ABOVE_KEYS and n_keys > FULL_ABOVE_SHARE * current.count():
         return None
-    life = facts_of(keys, half, op, real).transform(lifecycle(as_of, rules)).localCheckpoint()
-    commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).localCheckpoint()
     commits_then = _as_left(spark, config, OFFSET_COMMITS, last)
-    kept = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
-    every_commit = union_all([kept.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
     snapshots = snapshots_up_to(bronze.frames, as_of)
-    # The group findings and offset regressions are recomputed whole (WHOLE_TYPES).
-    refused = refusals(snapshots, every_commit, real).checkpointed()
-    whole = (
-        every_commit.transform(offset_regressions(real, as_of))
-        .unionByName(group_anomalies(snapshots, every_commit, real, bronze.frames["copy"], refused, as_of,
-                                     rules.stranded_after_ms))
-        .localCheckpoint()
-    )  # fmt: skip
-    found = transaction_anomalies(life, as_of, rules).unionByName(whole)
-    merge_anomalies(spark, config, found, as_of, scope=keys)
-    _progress("anomalies merged")
-    _merge(spark, config, OFFSET_COMMITS, commits_q, list(OFFSET_COMMITS.names[:8]))
-    _progress("offset_commits merged")
-    _merge(spark, config, TXN_LIFECYCLE, life, ID, born_since(life))
-    _progress("txn_lifecycle merged")
-    copies, wants = bronze.frames["copy"], wants_json(wanted(snapshots, every_commit))
-    if wants != last["wants"]:
-        _replace_deliveries(config, deliveries(real, snapshots, every_commit, copies, whole, refused, as_of))
-        _progress("deliveries rewritten: the groups want other topics or tags than at the last run")
-    else:
+    copies = bronze.frames["copy"]
+
+    def merge_deliveries(every_commit: DataFrame, whole: DataFrame, refused: Refusals, wants: str) -> None:
+        if wants != last["wants"]:
+            _replace_deliveries(config, deliveries(real, snapshots, every_commit, copies, whole, refused, as_of))
+            _progress("deliveries rewritten: the groups want other topics or tags than at the last run")
+            return
         stored = _as_left(spark, config, DELIVERIES, last)
         messages = changing(real, new["real"], snapshots, commits_then, every_commit, stored, copies, whole, refused,
                             as_of).localCheckpoint()  # fmt: skip
@@ -330,6 +316,32 @@ def incremental(
         if earliest is not None:
             _merge(spark, config, DELIVERIES, changed, list(DELIVERIES.key), f"t.store_timestamp >= {earliest}")
         _progress("deliveries merged: %d messages recomputed, %d rows changed", messages.count(), changed.count())
+
+    # Independent parts run side by side, in a thread of their own, so that their jobs share the cores (most of a
+    # small job is the driver's): the lifecycle beside the group rules, the deliveries beside the three merges.
+    with ThreadPoolExecutor(1, "reconcile") as pool:
+        lives = pool.submit(lambda: facts_of(keys, half, op, real).transform(lifecycle(as_of, rules)).localCheckpoint())
+        commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).localCheckpoint()
+        kept = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
+        every_commit = union_all([kept.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
+        # The group findings and offset regressions are recomputed whole (WHOLE_TYPES).
+        refused = refusals(snapshots, every_commit, real).checkpointed()
+        whole = (
+            every_commit.transform(offset_regressions(real, as_of))
+            .unionByName(group_anomalies(snapshots, every_commit, real, copies, refused, as_of,
+                                         rules.stranded_after_ms))
+            .localCheckpoint()
+        )  # fmt: skip
+        wants = wants_json(wanted(snapshots, every_commit))
+        life = lives.result()
+        delivered = pool.submit(merge_deliveries, every_commit, whole, refused, wants)
+        merge_anomalies(spark, config, transaction_anomalies(life, as_of, rules).unionByName(whole), as_of, scope=keys)
+        _progress("anomalies merged")
+        _merge(spark, config, OFFSET_COMMITS, commits_q, list(OFFSET_COMMITS.names[:8]))
+        _progress("offset_commits merged")
+        _merge(spark, config, TXN_LIFECYCLE, life, ID, born_since(life))
+        _progress("txn_lifecycle merged")
+        delivered.result()
     return Written("incremental", None, n_keys, n_queues, wants)
 
 

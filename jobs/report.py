@@ -52,9 +52,14 @@ def default_path(config: Config) -> Path:
     return Path(config.warehouse) / "_report" / "dashboard.html"
 
 
-def write_report(spark: SparkSession, config: Config, out: Path | None = None) -> Path:
+def write_report(
+    spark: SparkSession, config: Config, out: Path | None = None, reconciled: dict[str, Any] | None = None
+) -> Path:
+    """Gather and write the dashboard; `reconciled`, when given, is `gather_reconciled`'s part gathered
+    already (`txn-recon serve` gathers it while the quality suites run)."""
     started = time.perf_counter()
-    path = write_page(out or default_path(config), gather(spark, config))
+    data = (gather_reconciled(spark, config) if reconciled is None else reconciled) | gather_quality(spark, config)
+    path = write_page(out or default_path(config), data)
     log.info("report written to %s (%.1f s)", path, time.perf_counter() - started)
     return path
 
@@ -70,9 +75,26 @@ def write_page(path: Path, data: dict[str, Any]) -> Path:
 
 def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
     """Everything the dashboard shows, as plain Python values."""
-    names = ("txn_lifecycle", "anomalies", "dq_results", "ingest_runs", "reconcile_runs", "collect_runs",
-             "consumer_events", "deliveries")  # fmt: skip
-    t = {n: spark.table(config.table(n)) for n in names if spark.catalog.tableExists(config.table(n))}
+    return gather_reconciled(spark, config) | gather_quality(spark, config)
+
+
+def _tables(spark: SparkSession, config: Config, names: Sequence[str]) -> dict[str, DataFrame]:
+    return {n: spark.table(config.table(n)) for n in names if spark.catalog.tableExists(config.table(n))}
+
+
+def gather_quality(spark: SparkSession, config: Config) -> dict[str, Any]:
+    """The data-quality part of the dashboard: the latest result of every expectation, the latest runs."""
+    dq = _tables(spark, config, ["dq_results"]).get("dq_results")
+    latest, runs = _quality(dq)
+    return {"dq_latest": latest, "dq_runs": runs}
+
+
+def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
+    """Everything else the dashboard shows: what reconcile, ingest and collect wrote. It does not read
+    `dq_results`, so it can be gathered while the quality suites run."""
+    names = ("txn_lifecycle", "anomalies", "ingest_runs", "reconcile_runs", "collect_runs", "consumer_events",
+             "deliveries")  # fmt: skip
+    t = _tables(spark, config, names)
     if "txn_lifecycle" not in t or "anomalies" not in t:
         raise TxnReconError("no reconciled tables yet; run `txn-recon reconcile` (or `txn-recon run`) first")
     life = t["txn_lifecycle"]
@@ -96,7 +118,6 @@ def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
         data["op_lag"] = _op_lag(life)
     finally:
         keyed.unpersist()
-    data["dq_latest"], data["dq_runs"] = _quality(t.get("dq_results"))
     data["ingest_runs"] = _ingest_runs(t.get("ingest_runs"))
     data["reconcile_runs"] = _reconcile_runs(t.get("reconcile_runs"))
     data["collect_runs"] = _collect_runs(t.get("collect_runs"))

@@ -24,6 +24,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,8 @@ class Engine:
     stop: Stop
     cycles: int = 0
     caught_up: bool = False  # the last cycle ran every step: with nothing new, the next one may rest
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "report"))
+    gathering: Future[dict[str, Any]] | None = None
 
     def cycle(self) -> Cycle:
         now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
@@ -127,6 +130,7 @@ class Engine:
                 break
             finally:
                 c.seconds[name] = round(time.perf_counter() - started, 3)
+        self.settle()
         c.finished_at = dt.datetime.now(dt.UTC).replace(tzinfo=None)
         self.cycles += 1
         self.caught_up = c.status in ("ok", "idle")
@@ -155,11 +159,26 @@ class Engine:
         c.anomalies = reconcile.reconcile(self.spark, self.config)
 
     def quality(self, c: Cycle) -> None:
+        # The dashboard's reconciled part does not read what quality writes: it is gathered meanwhile, in a
+        # thread of its own, so the Spark jobs of both share the cores (most of a job is the driver's).
+        self.gathering = self.pool.submit(report.gather_reconciled, self.spark, self.config)
         outcome = quality.check_quality(self.spark, self.config, c.cycle_id, c.started_at)
         c.quality_failed = len(outcome.failures)
 
     def report(self, c: Cycle) -> None:
-        report.write_report(self.spark, self.config)
+        """The part of the dashboard quality left to do: waiting for the gathering, the quality results, the
+        page. Its seconds are what the report added to the cycle beyond quality."""
+        gathering, self.gathering = self.gathering, None
+        assert gathering is not None
+        report.write_report(self.spark, self.config, reconciled=gathering.result())
+
+    def settle(self) -> None:
+        """Wait for a gathering the cycle left behind (quality failed or a stop came), so no cycle's Spark
+        jobs overlap the next one's; what it gathered is dropped."""
+        gathering, self.gathering = self.gathering, None
+        if gathering is not None:
+            with contextlib.suppress(Exception):
+                gathering.result()
 
 
 def _engine_alive(spark: SparkSession) -> bool:
@@ -270,6 +289,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
                       + (f"; {c.error}" if c.error else ""), flush=True)  # fmt: skip
                 stop.wait(max(every - (time.monotonic() - started), 0))
         finally:
+            engine.pool.shutdown()
             http.shutdown()
             if sql is not None:
                 address_file(config).unlink(missing_ok=True)

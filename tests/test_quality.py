@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from jobs import quality
 from jobs.cli import main
 from jobs.config import Config
-from jobs.quality import EXIT_BLOCKING, Batch, _validate, check_quality, last_versions, quality_dir
+from jobs.quality import EXIT_BLOCKING, Batch, _local, _validate, check_quality, last_versions, quality_dir
 from jobs.reconcile import reconcile
 from schemas.bronze import BRONZE
 from schemas.quality import suites
@@ -210,9 +210,9 @@ def test_the_driver_and_spark_give_a_batch_the_same_results(
     batch = Batch(suite, half.unionByName(broken), None, "incremental")
 
     caplog.set_level(logging.INFO, logger="jobs.quality")
-    in_driver = _validate(quality_dir(cfg), batch, "engines-1", NOW, ())
+    in_driver = _validate(quality_dir(cfg), batch, _local(batch), "engines-1", NOW, ())
     monkeypatch.setattr(quality, "DRIVER_ROWS", -1)
-    in_spark = _validate(quality_dir(cfg), batch, "engines-2", NOW, ())
+    in_spark = _validate(quality_dir(cfg), batch, _local(batch), "engines-2", NOW, ())
     assert "rows in the driver" in caplog.text and "rows in Spark" in caplog.text
 
     def verdicts(rows: list[dict[str, Any]]) -> dict[str, tuple[Any, ...]]:

@@ -22,6 +22,7 @@ from transforms.anomalies import (
     rechecked_after_resolution,
     stuck_half,
 )
+from transforms.frames import ranges, within
 from transforms.lifecycle import Rules, facts, lifecycle, resolutions, resolved_offsets
 
 pytestmark = pytest.mark.spark
@@ -280,3 +281,27 @@ def test_rechecked_after_resolution(spark: SparkSession) -> None:
     # committed, so no check came after its op: it is a late commit alone.
     late = [(r["uniq_key"], r["reason"]) for r in found(life, orphaned_commit(as_of, RULES), as_of)]
     assert late == [("D", "AFTER_DISCARD")]
+
+
+def test_within_the_ranges_of_some_keys_a_join_on_them_keeps_the_same_rows(spark: SparkSession) -> None:
+    """`within` bounds a table by the ranges of a few keys before a join on them: the join keeps the same rows,
+    the bound alone drops the rows outside every range, and keys with no value keep nothing."""
+    table = spark.createDataFrame(
+        [("b", q, o, f"v{q}{o}") for q in range(3) for o in range(50)] + [("a", 0, 7, "other broker"),
+                                                                            (None, 1, 20, "no broker")],
+        "broker_name string, queue_id int, queue_offset long, v string",
+    )  # fmt: skip
+    keys = spark.createDataFrame([("b", 1, 20), ("b", 2, 25), ("b", 1, 30), ("c", 9, 999)],
+                                 "broker_name string, queue_id int, queue_offset long")  # fmt: skip
+    key = ["broker_name", "queue_id", "queue_offset"]
+    bounds = ranges(keys, key)
+    assert bounds == {"broker_name": ("b", "c"), "queue_id": (1, 9), "queue_offset": (20, 999)}
+    bounded = within(table, bounds)
+    assert_df_equality(bounded.join(keys, on=key, how="left_semi"), table.join(keys, on=key, how="left_semi"),
+                       ignore_row_order=True)  # fmt: skip
+    assert sorted(bounded.select(*key).collect()) == sorted(
+        r for r in table.select(*key).collect() if r[0] == "b" and r[1] >= 1 and r[2] >= 20
+    )
+    nothing = ranges(keys.where("queue_offset < 0"), key)
+    assert nothing == dict.fromkeys(key, (None, None))
+    assert within(table, nothing).count() == 0

@@ -1,7 +1,8 @@
 """Small helpers shared by transforms and jobs."""
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -14,8 +15,29 @@ def union_all(frames: list[DataFrame]) -> DataFrame:
 
 def differing(recomputed: DataFrame, stored: DataFrame, key: Sequence[str]) -> DataFrame:
     """The recomputed rows no stored row equals (nulls equal), compared with the stored rows sharing their
-    keys only: a merge of those alone reads and rewrites less, and most recomputed rows are as they were."""
+    keys only: a merge of those alone reads and rewrites less, and most recomputed rows are as they were.
+    Takes the key ranges of `recomputed` (an action): checkpoint it first."""
     names = recomputed.columns
-    same = stored.join(F.broadcast(recomputed.select(*key)), on=list(key), how="left_semi").select(*names)
+    candidates = within(stored, ranges(recomputed, key))
+    same = candidates.join(F.broadcast(recomputed.select(*key)), on=list(key), how="left_semi").select(*names)
     equal = [F.col(f"r.{c}").eqNullSafe(F.col(f"s.{c}")) for c in names]
     return recomputed.alias("r").join(same.alias("s"), on=functools.reduce(lambda a, b: a & b, equal), how="left_anti")
+
+
+def ranges(df: DataFrame, columns: Sequence[str]) -> dict[str, tuple[Any, Any]]:
+    """The least and greatest value of each of `columns` in `df`: one small aggregate (an action)."""
+    row = df.agg(*(f(c) for c in columns for f in (F.min, F.max))).first()
+    assert row is not None  # an aggregate without grouping has one row
+    return {c: (row[2 * i], row[2 * i + 1]) for i, c in enumerate(columns)}
+
+
+def within(df: DataFrame, bounds: Mapping[str, tuple[Any, Any]]) -> DataFrame:
+    """The rows of `df` whose columns lie within `bounds` (`ranges` of some rows, by column name): all that
+    can equal one of those rows on those columns, which is what a join on them keeps. The bounds are
+    literals, so Delta skips the files whose statistics lie outside them (and Parquet its row groups): a
+    few new keys are looked up in the recent files of a large table, not in all of it. No bound (the rows
+    had no value there) keeps nothing, as no equality would."""
+    if any(low is None for low, _ in bounds.values()):
+        return df.where(F.lit(False))
+    return df.where(functools.reduce(lambda a, b: a & b, [F.col(c).between(lo, hi) for c, (lo, hi) in bounds.items()],
+                                     F.lit(True)))  # fmt: skip

@@ -59,6 +59,13 @@ def op_offsets(op_df: DataFrame) -> DataFrame:
     )
 
 
+def listed_copies(op_df: DataFrame) -> DataFrame:
+    """(broker_name, topic, queue_id, queue_offset): the half copies the ops list, named as half_events
+    names them."""
+    return op_offsets(op_df).select("broker_name", F.col("half_topic").alias("topic"), "queue_id",
+                                    F.col("half_offset").alias("queue_offset"))  # fmt: skip
+
+
 def earliest(op_offsets_df: DataFrame) -> DataFrame:
     """`op_offsets` reduced to (*LOOKUP, resolved_ts): the first listing."""
     return op_offsets_df.groupBy(*LOOKUP).agg(F.min("store_timestamp").alias("resolved_ts"))

@@ -23,6 +23,12 @@ def changed_rows(table_df: DataFrame, changed_df: DataFrame, key: Sequence[str])
     return table_df.intersectAll(changed_df.select(*table_df.columns))
 
 
+def prepared_halves(real_df: DataFrame) -> DataFrame:
+    """(broker_name, commit_log_offset): the half copies the commits name by their prepared offset."""
+    committed = real_df.where(is_commit() & F.col("prepared_transaction_offset").isNotNull())
+    return committed.select("broker_name", F.col("prepared_transaction_offset").alias("commit_log_offset"))
+
+
 def op_references(op_df: DataFrame, half_df: DataFrame) -> DataFrame:
     """One row per half offset listed by an op; a problem when no half copy has that offset."""
     copies = half_df.select("broker_name", "queue_id", F.col("queue_offset").alias("half_offset"),
