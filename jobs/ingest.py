@@ -257,9 +257,9 @@ def write_records(
     batch = read_files(spark, stream, files)
     stored = spark.table(config.table(bronze.name)).select(*bronze.key, "_record_hash")
     if sum(f.size for f in files) <= SMALL_BATCH_BYTES:
-        # A small batch against a large table: cut bronze down to the batch's keys by broadcasting them,
-        # instead of shuffling every stored key to join with a few new ones.
-        # Bronze is bounded by the batch's key ranges first, so Delta reads its recent files only as a rule.
+        # A small batch against a large table: bronze cut down to the batch's keys, first to their ranges (so
+        # Delta reads its recent files only, as a rule), then by broadcasting them, instead of shuffling every
+        # stored key to join with a few new ones.
         keys = batch.select(*bronze.key).distinct().localCheckpoint()
         stored = within(stored, ranges(keys, bronze.key)).join(F.broadcast(keys), on=list(bronze.key), how="left_semi")
     facts = key_facts(bronze.key, batch, stored).localCheckpoint()
