@@ -311,7 +311,9 @@ def incremental(
         messages = changing(real, new["real"], snapshots, commits_then, every_commit, stored, copies, whole, refused,
                             as_of).localCheckpoint()  # fmt: skip
         recomputed = deliveries(messages, snapshots, every_commit, copies, whole, refused, as_of).localCheckpoint()
-        changed = differing(recomputed.select(*DELIVERIES.names), stored, DELIVERIES.key).localCheckpoint()
+        # Compared with the stored rows within the recomputed keys' ranges: Delta skips the other files.
+        candidates = within(stored, ranges(recomputed, DELIVERIES.key))
+        changed = differing(recomputed.select(*DELIVERIES.names), candidates, DELIVERIES.key).localCheckpoint()
         earliest = changed.agg(F.min("store_timestamp")).first()[0]  # type: ignore[index]
         if earliest is not None:
             _merge(spark, config, DELIVERIES, changed, list(DELIVERIES.key), f"t.store_timestamp >= {earliest}")

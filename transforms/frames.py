@@ -15,11 +15,9 @@ def union_all(frames: list[DataFrame]) -> DataFrame:
 
 def differing(recomputed: DataFrame, stored: DataFrame, key: Sequence[str]) -> DataFrame:
     """The recomputed rows no stored row equals (nulls equal), compared with the stored rows sharing their
-    keys only: a merge of those alone reads and rewrites less, and most recomputed rows are as they were.
-    Takes the key ranges of `recomputed` (an action): checkpoint it first."""
+    keys only: a merge of those alone reads and rewrites less, and most recomputed rows are as they were."""
     names = recomputed.columns
-    candidates = within(stored, ranges(recomputed, key))
-    same = candidates.join(F.broadcast(recomputed.select(*key)), on=list(key), how="left_semi").select(*names)
+    same = stored.join(F.broadcast(recomputed.select(*key)), on=list(key), how="left_semi").select(*names)
     equal = [F.col(f"r.{c}").eqNullSafe(F.col(f"s.{c}")) for c in names]
     return recomputed.alias("r").join(same.alias("s"), on=functools.reduce(lambda a, b: a & b, equal), how="left_anti")
 
