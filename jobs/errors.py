@@ -33,13 +33,13 @@ class EngineError(Exception):
 
 
 def first_line(e: BaseException) -> str:
-    """The innermost Java cause of a Spark error (e.g. "EOFException: Unexpected end of input stream"), or
-    a Python error's type and first line."""
+    """The type and the first line of the innermost Java cause of a Spark error (e.g. "EOFException: Unexpected
+    end of input stream"), or of a Python error. Spark's own messages go on with the query plan or the SQL
+    text, which a log line or an error line has no room for."""
     chain = list(_java_chain(e))
-    if chain:
-        return f"{chain[-1].getClass().getSimpleName()}: {chain[-1].getMessage()}"
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+    name, text = (chain[-1].getClass().getSimpleName(), chain[-1].getMessage()) if chain else (type(e).__name__, str(e))
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return f"{name}: {lines[0]}" if lines else name
 
 
 def _java_chain(e: BaseException) -> Iterator[Any]:
