@@ -8,7 +8,8 @@ A run is incremental when it can be: it reads bronze's Change Data Feed since th
 run read, recomputes only the transactions and queues `transforms.scope` names, and merges them in,
 leaving the tables exactly as a full recompute would. It is full when asked (`--full`), on the first
 run, when as_of goes back, when the rules changed, when bronze saw anything but appends, or when the
-output tables changed after the last run recorded them (a run that died half-way, or a hand edit).
+output tables changed after the last run recorded them (a run that died half-way, or a hand edit; not
+a compaction, which changes no row).
 Every run appends a row to `reconcile_runs`; anomalies are always merged by anomaly_id, so a finding
 that no longer holds leaves the current view (Delta history keeps it) and an unchanged one stays.
 """
@@ -73,6 +74,8 @@ WHOLE_TYPES = ("OFFSET_REGRESSION", *GROUP_TYPES)
 OUTPUTS = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES, DELIVERIES)
 # Bronze history entries that only add rows (or move them without changing data).
 APPEND_ONLY = {"WRITE": "Append", "OPTIMIZE": None, "CREATE TABLE": None, "SET TBLPROPERTIES": None}
+# Output history entries that leave every row as it was: a compaction lays the same rows out in fewer files.
+REARRANGING = {"OPTIMIZE"}
 # Recomputing a part costs about as much as the whole once it is a quarter of a large table; the
 # part's keys are also broadcast to every task, which a million of them still fits.
 FULL_ABOVE_SHARE, FULL_ABOVE_KEYS = 0.25, 1_000_000
@@ -218,20 +221,27 @@ def why_full(
     if last["rules"] != rules_json(rules):
         return "the rules changed since the last run"
     for schema in OUTPUTS:
-        version, recorded = table_version(spark, config.table(schema.name)), last[f"{schema.name}_version"]
-        if version != recorded:
+        table = config.table(schema.name)
+        version, recorded = table_version(spark, table), last[f"{schema.name}_version"]
+        # Compacted since (OPTIMIZE, e.g. by an operator's weekly job) is as the last run left it.
+        compacted = version > recorded and all(h["operation"] in REARRANGING for h in _history(spark, table, recorded))
+        if version != recorded and not compacted:
             return f"{schema.name} is at version {version}, the last run left it at {recorded}"
     for stream, table in bronze.tables.items():
         since, now = last[f"{stream}_version"], bronze.versions[stream]
         if now < since:
             return f"{table} is at version {now}, older than the {since} the last run read"
-        if now > since:
-            history = spark.sql(f"DESCRIBE HISTORY {table}").where(F.col("version") > since)
-            for h in history.select("version", "operation", "operationParameters").collect():
-                mode = APPEND_ONLY.get(h["operation"], "?")
-                if mode is not None and (h["operationParameters"] or {}).get("mode") != mode:
-                    return f"{table} had a {h['operation']} at version {h['version']}, not only appends"
+        for h in _history(spark, table, since) if now > since else []:
+            mode = APPEND_ONLY.get(h["operation"], "?")
+            if mode is not None and (h["operationParameters"] or {}).get("mode") != mode:
+                return f"{table} had a {h['operation']} at version {h['version']}, not only appends"
     return None
+
+
+def _history(spark: SparkSession, table: str, since: int) -> list[Row]:
+    """The table's history entries after version `since`: version, operation and its parameters."""
+    history = spark.sql(f"DESCRIBE HISTORY {table}").where(F.col("version") > since)
+    return history.select("version", "operation", "operationParameters").collect()
 
 
 def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[str, DataFrame]:
