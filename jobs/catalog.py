@@ -56,3 +56,25 @@ def add_new_fields(spark: SparkSession, table: str, schema: Schema) -> None:
 def table_version(spark: SparkSession, table: str) -> int:
     """The Delta table's current version (the last entry of its history)."""
     return int(DeltaTable.forName(spark, table).history(1).select("version").first()[0])  # type: ignore[index]
+
+
+# A file below this size is small: compaction joins such files and leaves larger ones as they are.
+SMALL_FILE_BYTES = 1024 * 1024
+
+
+def compact(spark: SparkSession, table: str) -> tuple[int, int]:
+    """Join the table's small files (OPTIMIZE; on a clustered table it also lays the new ones out by the
+    clustering columns); return the files removed and added. Every row stays as it was, so reconcile and
+    quality go on incrementally across it. Each cycle of a service adds a few files to every table it writes,
+    and a scan pays for each file."""
+    key = "spark.databricks.delta.optimize.minFileSize"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, str(SMALL_FILE_BYTES))
+    try:
+        metrics = spark.sql(f"OPTIMIZE {table}").select("metrics.numFilesRemoved", "metrics.numFilesAdded").first()
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+    return (0, 0) if metrics is None else (int(metrics[0]), int(metrics[1]))

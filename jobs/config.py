@@ -118,6 +118,7 @@ class ServeSettings:
     sql: str | None  # HOST:PORT of the SQL server (HiveServer2 protocol: JDBC, ODBC, beeline); null: none
     sql_unauthenticated: bool  # a non-loopback `sql` must say so: the SQL server asks for no password
     stale_after_cycles: int  # /healthz fails when the last good cycle is older than this many intervals
+    compact_every_cycles: int | None  # every this many cycles, the tables' small files are joined; null: never
 
     def __post_init__(self) -> None:
         for name, address in (("http", self.http), ("sql", self.sql)):

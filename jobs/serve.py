@@ -2,7 +2,8 @@
 
 Every `serve.every_s` seconds a cycle collects (given name servers), ingests what is new, reconciles
 incrementally, checks quality on what changed and redraws the dashboard, then appends one row to
-`serve_cycles`. A cycle that ingests nothing skips the rest: nothing it would compute has changed. A step
+`serve_cycles`; every `serve.compact_every_cycles` cycles it also joins the tables' small files. A cycle that
+ingests nothing skips the rest but a compaction: nothing it would compute has changed. A step
 that fails is one log line and a failed cycle; the next cycle tries again. Every step commits whole (a
 landing file renamed into place, a Delta commit per table), so SIGTERM and SIGINT, taken between steps,
 leave nothing half-written, and a restart after kill -9 goes on from what was committed. When the engine
@@ -30,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql.utils import AnalysisException
 
 from jobs import ingest, quality, reconcile, report
-from jobs.catalog import create_table
+from jobs.catalog import add_new_fields, compact, create_table
 from jobs.collect import credentials
 from jobs.config import Config, host_port
 from jobs.errors import EngineError, TxnReconError, first_line
@@ -106,15 +108,15 @@ class Engine:
         c = Cycle(new_run_id(now, "serve"), now)
         steps: list[tuple[str, Callable[[Cycle], None]]] = [
             ("collect", self.collect), ("ingest", self.ingest), ("reconcile", self.reconcile),
-            ("quality", self.quality), ("report", self.report),
+            ("quality", self.quality), ("report", self.report), ("compact", self.compact),
         ]  # fmt: skip
         for name, step in steps:
             if self.stop.is_set():
                 c.stopped = True
                 break
-            if c.idle:
-                break
-            if name == "collect" and self.collector is None:
+            if c.idle and name != "compact":  # a cycle with nothing new rests, or only compacts
+                continue
+            if (name == "collect" and self.collector is None) or (name == "compact" and not self.compaction_due()):
                 continue
             log.info("cycle %d: %s", self.cycles + 1, name)
             started = time.perf_counter()
@@ -172,6 +174,25 @@ class Engine:
         assert gathering is not None
         report.write_report(self.spark, self.config, reconciled=gathering.result())
 
+    def compaction_due(self) -> bool:
+        every = self.config.serve.compact_every_cycles
+        return every is not None and (self.cycles + 1) % every == 0
+
+    def compact(self, c: Cycle) -> None:
+        """Join the small files every table gathered over the last cycles (ingest's appends, reconcile's merges,
+        a row per cycle in the run tables): a scan pays for each file, and a service adds some every cycle."""
+        tables = self.spark.sql(f"SHOW TABLES IN {self.config.database}").where("NOT isTemporary").collect()
+        for name in sorted(r["tableName"] for r in tables):
+            if self.stop.is_set():  # a stop waits for one table's compaction at most
+                break
+            try:
+                removed, added = compact(self.spark, self.config.table(name))
+            except AnalysisException as e:  # a table someone made beside ours, not a Delta one
+                log.info("  %s: not compacted (%s)", name, first_line(e))
+                continue
+            if removed:
+                log.info("  %s: %d small files joined into %d", name, removed, added)
+
     def settle(self) -> None:
         """Wait for a gathering the cycle left behind (quality failed or a stop came), so no cycle's Spark
         jobs overlap the next one's; what it gathered is dropped."""
@@ -192,6 +213,7 @@ def record(spark: SparkSession, config: Config, c: Cycle) -> None:
     """Append the cycle's row; a failure to is one line (the cycle's work is committed all the same)."""
     try:
         table = create_table(spark, config, SERVE_CYCLES)
+        add_new_fields(spark, table, SERVE_CYCLES)  # a table an older version made lacks the newer steps' columns
         spark.createDataFrame([c.row()], to_struct(SERVE_CYCLES)).writeTo(table).append()
     except Exception as e:
         if not _engine_alive(spark):

@@ -2,7 +2,7 @@
 
 from schemas.model import Field, Schema
 
-STEPS = ("collect", "ingest", "reconcile", "quality", "report")
+STEPS = ("collect", "ingest", "reconcile", "quality", "report", "compact")
 
 SERVE_CYCLES = Schema(
     "serve_cycles",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.catalog import create_table
+from jobs.catalog import compact, create_table
 from jobs.config import Config
 from schemas import OFFSET
 from schemas.spark import to_struct
@@ -58,6 +58,19 @@ def test_create_append_read_and_time_travel(spark: SparkSession, config: Config)
     assert history == ["CREATE TABLE", "WRITE"]
     listed = spark.sql(f"SHOW TABLES IN {config.database}").where("tableName = 'offset_roundtrip'").count()
     assert listed == 1
+
+
+def test_compaction_joins_small_files_and_keeps_every_row(spark: SparkSession, config: Config) -> None:
+    name = create_table(spark, config, OFFSET, name="offset_compacted")
+    for row in [*ROWS, *ROWS]:  # four appends: four small files
+        spark.createDataFrame([row], to_struct(OFFSET)).writeTo(name).append()
+    before = sorted(spark.table(name).collect())
+    assert compact(spark, name) == (4, 1)
+    assert sorted(spark.table(name).collect()) == before
+    assert spark.sql(f"DESCRIBE HISTORY {name} LIMIT 1").first()["operation"] == "OPTIMIZE"  # type: ignore[index]
+    assert compact(spark, name) == (0, 0)  # one file left: nothing to join
+    # The session's own setting is left as it was.
+    assert spark.conf.get("spark.databricks.delta.optimize.minFileSize", None) is None
 
 
 def test_not_null_column_rejects_a_null(spark: SparkSession, config: Config) -> None:

@@ -1,6 +1,7 @@
 """`txn-recon serve` run the way a service manager runs it: one process, cycles over a landing folder that
 grows, SQL over JDBC (Hive's beeline, from the jars pyspark ships) while a cycle writes, metrics and health
-over HTTP, kill -9 in the middle of a cycle and a restart, and a clean stop on SIGTERM. The tables it ends
+over HTTP, compaction every second cycle, kill -9 in the middle of a cycle and a restart, and a clean stop
+on SIGTERM. The tables it ends
 with are scored against the model's truth, as one clean run's are."""
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
     landing, warehouse, log = tmp_path / "landing", tmp_path / "warehouse", tmp_path / "serve.log"
     conf = tmp_path / "serve.yaml"
     conf.write_text(json.dumps({"serve": {"every_s": 2, "http": f"127.0.0.1:{_free_port()}",
-                                          "sql": f"127.0.0.1:{_free_port()}"},
+                                          "sql": f"127.0.0.1:{_free_port()}", "compact_every_cycles": 2},
                                 "spark": {"conf": {"spark.sql.shuffle.partitions": "2"}}}))  # fmt: skip
     land(source, landing, 0, 2)
 
@@ -178,6 +179,13 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
     statuses = {r["status"]: int(r["n"]) for r in restarted.sql(
         "SELECT status, count(*) AS n FROM txn_recon.serve_cycles GROUP BY status")}  # fmt: skip
     assert "failed" not in statuses and statuses.get("ok", 0) >= 2, statuses
+    # Every second cycle (an idle one too) joins the small files that each cycle adds to the tables, such as
+    # a row per stream in ingest_files; reconcile goes on incrementally all the same.
+    assert re.search(r"ingest_files: \d+ small files joined into 1\n", restarted.text()), restarted.text()[-3000:]
+    [compacting] = restarted.sql("SELECT count(*) AS n FROM txn_recon.serve_cycles WHERE compact_s IS NOT NULL")
+    assert int(compacting["n"]) >= 1
+    modes = [r["mode"] for r in restarted.sql("SELECT mode FROM txn_recon.reconcile_runs ORDER BY finished_at")]
+    assert modes[0] == "full" and set(modes[1:]) == {"incremental"}, modes
     [last] = restarted.sql(counts)
     assert int(last["h"]) == halves
     allowed = {(int(first["h"]), int(first["a"])), (halves, int(first["a"])), (halves, int(last["a"]))}
