@@ -65,8 +65,7 @@ SMALL_FILE_BYTES = 1024 * 1024
 def compact(spark: SparkSession, table: str) -> tuple[int, int]:
     """Join the table's small files (OPTIMIZE; on a clustered table it also lays the new ones out by the
     clustering columns); return the files removed and added. Every row stays as it was, so reconcile and
-    quality go on incrementally across it. Each cycle of a service adds a few files to every table it writes,
-    and a scan pays for each file."""
+    quality go on incrementally across it."""
     key = "spark.databricks.delta.optimize.minFileSize"
     before = spark.conf.get(key, None)
     spark.conf.set(key, str(SMALL_FILE_BYTES))

@@ -1,8 +1,7 @@
 """`txn-recon serve` run the way a service manager runs it: one process, cycles over a landing folder that
 grows, SQL over JDBC (Hive's beeline, from the jars pyspark ships) while a cycle writes, metrics and health
 over HTTP, compaction every second cycle, kill -9 in the middle of a cycle and a restart, and a clean stop
-on SIGTERM. The tables it ends
-with are scored against the model's truth, as one clean run's are."""
+on SIGTERM. The tables it ends with are scored against the model's truth, as one clean run's are."""
 
 from __future__ import annotations
 
