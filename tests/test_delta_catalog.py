@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.catalog import compact, create_table
+from jobs.catalog import compact, create_table, table_version
 from jobs.config import Config
 from schemas import OFFSET
 from schemas.spark import to_struct
@@ -48,7 +48,9 @@ def test_create_append_read_and_time_travel(spark: SparkSession, config: Config)
         (f.name, f.dataType, f.nullable) for f in to_struct(OFFSET)
     ]
 
+    assert table_version(spark, name) == 0
     spark.createDataFrame(ROWS, to_struct(OFFSET)).write.format("delta").mode("append").saveAsTable(name)
+    assert table_version(spark, name) == 1
 
     back = sorted(tuple(r) for r in spark.table(name).collect())
     assert back == sorted(ROWS)
