@@ -1,5 +1,6 @@
 """`txn-recon quality [--full]`: run the expectation suites of `schemas.quality` with Great Expectations,
-append one `dq_results` row per expectation result, and build the Data Docs site under the warehouse.
+append one `dq_results` row per expectation result and one `quality_runs` row per run that validated
+something, and build the Data Docs site under the warehouse.
 
 Only what changed is validated: a table whose Delta version was validated before is skipped; the others
 validate the rows their Change Data Feed added or rewrote since then (plus the rows sharing a key with them).
@@ -38,7 +39,7 @@ from jobs.lock import warehouse_lock
 from jobs.reconcile import latest_as_of
 from jobs.session import build_session
 from schemas.bronze import BRONZE
-from schemas.quality import DQ_RESULTS, Expectation, Suite, suites
+from schemas.quality import DQ_RESULTS, QUALITY_RUNS, Expectation, Suite, suites
 from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, TXN_LIFECYCLE
 from schemas.spark import to_struct
 from transforms.frames import ranges, within
@@ -148,9 +149,10 @@ def check_quality(
     started = time.perf_counter()
     if not config.is_local_warehouse:
         raise TxnReconError("quality needs a local warehouse folder for its Great Expectations project")
-    results_table = create_table(spark, config, DQ_RESULTS)
+    results_table, runs_table = create_table(spark, config, DQ_RESULTS), create_table(spark, config, QUALITY_RUNS)
     outcome = Outcome(run_id, docs_index(config))
-    validated = {} if full else last_versions(spark, results_table)
+    latest = latest_validations(spark, runs_table, results_table)
+    validated = {} if full else {suite: v for suite, (_, v) in latest.items() if v is not None}
     all_suites = suites(config.broker.check_max)
 
     def table_batch(suite: Suite) -> Batch | str:
@@ -187,17 +189,24 @@ def check_quality(
             outcome.results += _validate(project, batch, local, run_id, validated_at, config.quality.blocking)
     if outcome.results:
         _append(spark, results_table, outcome.results)
+        now = {b.suite.name: (run_id, b.version) for b in batches}
+        _record_run(spark, runs_table, outcome, validated_at, {**latest, **now})
     _build_docs(project, run_id)
     outcome.seconds = time.perf_counter() - started
     return outcome
 
 
-def last_versions(spark: SparkSession, results_table: str) -> dict[str, int]:
-    """The Delta version of each table that an earlier run validated last: the latest run's, not the largest
-    (a table rebuilt by reconcile starts again from version 0)."""
-    last = F.max(F.struct("validated_at", "table_version"))["table_version"]
-    rows = spark.table(results_table).where(F.col("table_version").isNotNull()).groupBy("suite").agg(last.alias("v"))
-    return {r["suite"]: int(r["v"]) for r in rows.collect()}
+def latest_validations(spark: SparkSession, runs_table: str, results_table: str) -> dict[str, tuple[str, int | None]]:
+    """Per suite ever validated: the run that validated it last, and the Delta version it validated (None
+    for a cross view). The latest run's, not the largest version: a table rebuilt by reconcile starts again
+    from version 0. Read from the last row of `quality_runs` (one row per run); `dq_results`, which every
+    run adds some hundred rows to, is read only in a warehouse an older version wrote, once."""
+    rows = spark.table(runs_table).orderBy(F.desc("finished_at")).limit(1).select("latest").collect()
+    if rows:
+        return {suite: (run, version) for suite, (run, version) in json.loads(rows[0]["latest"]).items()}
+    last = F.max(F.struct("validated_at", "table_version", "run_id"))
+    found = spark.table(results_table).groupBy("suite").agg(last.alias("v")).collect()
+    return {r["suite"]: (r["v"]["run_id"], r["v"]["table_version"]) for r in found}
 
 
 def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | None, version: int) -> Batch:
@@ -434,6 +443,17 @@ def _json(value: Any) -> str:
 def _append(spark: SparkSession, table: str, rows: list[dict[str, Any]]) -> None:
     df = spark.createDataFrame([tuple(r[n] for n in DQ_RESULTS.names) for r in rows], to_struct(DQ_RESULTS))
     df.write.insertInto(table)
+
+
+def _record_run(
+    spark: SparkSession, table: str, outcome: Outcome, validated_at: dt.datetime,
+    latest: dict[str, tuple[str, int | None]],
+) -> None:  # fmt: skip
+    failed = outcome.failures
+    row = (outcome.run_id, validated_at, dt.datetime.now(dt.UTC).replace(tzinfo=None), len(outcome.results),
+           len(failed), len(outcome.blocking_failures), ", ".join(sorted({r["suite"] for r in outcome.results})),
+           json.dumps(latest, sort_keys=True))  # fmt: skip
+    spark.createDataFrame([row], to_struct(QUALITY_RUNS)).write.insertInto(table)
 
 
 def summary(outcome: Outcome) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
+import json
 import logging
 import sys
 import time
@@ -84,8 +86,8 @@ def _tables(spark: SparkSession, config: Config, names: Sequence[str]) -> dict[s
 
 def gather_quality(spark: SparkSession, config: Config) -> dict[str, Any]:
     """The data-quality part of the dashboard: the latest result of every expectation, the latest runs."""
-    dq = _tables(spark, config, ["dq_results"]).get("dq_results")
-    latest, runs = _quality(dq)
+    t = _tables(spark, config, ["dq_results", "quality_runs"])
+    latest, runs = _quality(t.get("dq_results"), t.get("quality_runs"))
     return {"dq_latest": latest, "dq_runs": runs}
 
 
@@ -304,30 +306,26 @@ def _age_bins(stuck: DataFrame) -> list[tuple[str, int]]:
     return [(name, found.get(name, 0)) for _, name in STUCK_AGE_BINS]
 
 
-def _quality(dq: DataFrame | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    if dq is None:
+def _quality(dq: DataFrame | None, quality_runs: DataFrame | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The latest result of every expectation, whichever run validated its suite last, and the latest runs.
+    Both are found from `quality_runs` (a row per run), so only those runs' rows of `dq_results` are read."""
+    if dq is None or quality_runs is None:
         return [], []
-    runs = (
-        dq.groupBy("run_id")
-        .agg(
-            F.max("validated_at").alias("validated_at"),
-            F.count(F.lit(1)).alias("expectations"),
-            F.count(F.when(~F.col("success"), 1)).alias("failed"),
-            F.count(F.when(~F.col("success") & F.col("blocking"), 1)).alias("blocking_failed"),
-            F.concat_ws(", ", F.sort_array(F.collect_set("suite"))).alias("suites"),
-        )
-        .orderBy(F.desc("validated_at"))
-        .limit(50)
-        .collect()
-    )
+    columns = ["run_id", "validated_at", "expectations", "failed", "blocking_failed", "suites", "latest"]
+    runs = quality_runs.orderBy(F.desc("finished_at")).limit(50).select(*columns).collect()
     if not runs:
         return [], []
-    # The latest result of every expectation, whichever run validated its table last.
-    latest = dq.withColumn("_rank", F.row_number().over(_latest_first())).where("_rank = 1")
+    validating = [(suite, run) for suite, (run, _) in json.loads(runs[0]["latest"]).items()]
+    theirs = functools.reduce(
+        lambda a, b: a | b, [(F.col("suite") == suite) & (F.col("run_id") == run) for suite, run in validating]
+    )
+    # The run ids as a list too: Delta skips the files of other runs by their run_id statistics.
+    found = dq.where(F.col("run_id").isin(*sorted({run for _, run in validating})) & theirs)
+    latest = found.withColumn("_rank", F.row_number().over(_latest_first())).where("_rank = 1")
     columns = ["suite", "expectation", "success", "blocking", "unexpected_count", "element_count", "observed_value",
                "unexpected_sample", "scope", "table_version", "run_id"]  # fmt: skip
     rows = latest.orderBy("success", "suite", "expectation").select(*columns).collect()
-    return [r.asDict() for r in rows], [r.asDict() for r in runs]
+    return [r.asDict() for r in rows], [{k: v for k, v in r.asDict().items() if k != "latest"} for r in runs]
 
 
 def _latest_first() -> WindowSpec:

@@ -178,3 +178,18 @@ DQ_RESULTS = Schema(
         Field("unexpected_sample", "string", nullable=True, doc="up to 20 unexpected values, as JSON"),
     ),
 )
+
+LATEST_DOC = "JSON: per suite ever validated, [the run that validated it last, the version it validated or null]"
+QUALITY_RUNS = Schema(
+    "quality_runs",
+    (
+        Field("run_id", "string"),
+        Field("validated_at", "timestamp"),
+        Field("finished_at", "timestamp"),
+        Field("expectations", "long", doc="results this run appended to dq_results"),
+        Field("failed", "long"),
+        Field("blocking_failed", "long"),
+        Field("suites", "string", doc="the suites it validated, comma-separated"),
+        Field("latest", "string", doc=LATEST_DOC),
+    ),
+)

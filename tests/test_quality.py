@@ -1,5 +1,5 @@
 """Data quality: the suites pass on the model's data, catch data broken on purpose, validate only what
-changed, and record every result in dq_results."""
+changed, and record every result in dq_results and every run in quality_runs."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from pyspark.sql import functions as F
 from jobs import quality
 from jobs.cli import main
 from jobs.config import Config
-from jobs.quality import EXIT_BLOCKING, Batch, _local, _validate, check_quality, last_versions, quality_dir
+from jobs.quality import EXIT_BLOCKING, Batch, _local, _validate, check_quality, latest_validations, quality_dir
 from jobs.reconcile import reconcile
+from jobs.report import gather_quality
 from schemas.bronze import BRONZE
 from schemas.quality import suites
 from tests.test_ingest import fresh_db, ingest, make_landing, op_record
@@ -50,12 +51,21 @@ def test_changed_rows_are_the_rows_a_change_left_in_the_table(spark: SparkSessio
 @pytest.mark.spark
 def test_the_version_validated_last_is_the_latest_runs_not_the_largest(spark: SparkSession) -> None:
     """A table reconcile rebuilt (new columns) starts again from version 0: the largest version validated
-    would then skip it, or validate it whole, until it caught up."""
-    rows = [("deliveries", NOW, 25), ("deliveries", NOW + dt.timedelta(hours=1), 3), ("group_findings", NOW, None)]
-    spark.createDataFrame(rows, "suite string, validated_at timestamp, table_version long").createOrReplaceTempView(
-        "dq_versions"
-    )
-    assert last_versions(spark, "dq_versions") == {"deliveries": 3}
+    would then skip it, or validate it whole, until it caught up. The last row of quality_runs says; a
+    warehouse an older version wrote has only dq_results, which then says the same."""
+    rows = [("deliveries", NOW, 25, "dq-1"), ("deliveries", NOW + dt.timedelta(hours=1), 3, "dq-2"),
+            ("group_findings", NOW, None, "dq-1")]  # fmt: skip
+    spark.createDataFrame(rows, "suite string, validated_at timestamp, table_version long, run_id string"
+                          ).createOrReplaceTempView("dq_old")  # fmt: skip
+    spark.createDataFrame([], "finished_at timestamp, latest string").createOrReplaceTempView("dq_no_runs")
+    expected = {"deliveries": ("dq-2", 3), "group_findings": ("dq-1", None)}
+    assert latest_validations(spark, "dq_no_runs", "dq_old") == expected
+    runs = [
+        (NOW, json.dumps({"deliveries": ["dq-2", 3]})),
+        (NOW + dt.timedelta(hours=2), json.dumps({"deliveries": ["dq-3", 0]})),
+    ]
+    spark.createDataFrame(runs, "finished_at timestamp, latest string").createOrReplaceTempView("dq_runs")
+    assert latest_validations(spark, "dq_runs", "dq_old") == {"deliveries": ("dq-3", 0)}
 
 
 def _results(spark: SparkSession, cfg: Config, run_id: str) -> list[dict[str, Any]]:
@@ -178,6 +188,18 @@ def test_silver_and_gold_are_validated_by_what_changed(spark: SparkSession, conf
     twice = failed[("anomalies", "expect_column_values_to_be_unique(anomaly_id)")]
     assert (twice["scope"], twice["element_count"], twice["unexpected_count"]) == ("incremental", 2, 2)
     assert {k[0] for k in failed} - {"lifecycle_totals"} == {"txn_lifecycle", "anomalies"}
+    # Each run records what every suite was validated by last; the dashboard shows those runs' results.
+    runs = spark.table(cfg.table("quality_runs")).orderBy("finished_at").collect()
+    assert [r["run_id"] for r in runs] == ["dq-changes-1", "dq-changes-2"]
+    latest = json.loads(runs[-1]["latest"])
+    assert latest["txn_lifecycle"][0] == latest["anomalies"][0] == "dq-changes-2"
+    assert latest["half_events"][0] == latest["deliveries"][0] == "dq-changes-1"
+    shown = gather_quality(spark, cfg)["dq_latest"]
+    assert {(r["suite"], r["run_id"]) for r in shown} == {(suite, run) for suite, (run, _) in latest.items()}
+    assert len(shown) == len({(r["suite"], r["expectation"]) for r in shown}) > 100
+    assert ("txn_lifecycle", "expect_column_values_to_be_in_set(state)", False) in {
+        (r["suite"], r["expectation"], r["success"]) for r in shown
+    }
 
     # A table that kept no change data (one made by an older version) is validated whole.
     spark.sql(f"ALTER TABLE {life} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'false')")
