@@ -151,7 +151,8 @@ def check_quality(
         raise TxnReconError("quality needs a local warehouse folder for its Great Expectations project")
     results_table, runs_table = create_table(spark, config, DQ_RESULTS), create_table(spark, config, QUALITY_RUNS)
     outcome = Outcome(run_id, docs_index(config))
-    latest = latest_validations(spark, runs_table, results_table)
+    recorded = recorded_validations(spark, runs_table)
+    latest = validations_in(spark, results_table) if recorded is None else recorded
     validated = {} if full else {suite: v for suite, (_, v) in latest.items() if v is not None}
     all_suites = suites(config.broker.check_max)
 
@@ -189,6 +190,7 @@ def check_quality(
             outcome.results += _validate(project, batch, local, run_id, validated_at, config.quality.blocking)
     if outcome.results:
         _append(spark, results_table, outcome.results)
+    if outcome.results or (recorded is None and latest):  # the first run after an upgrade records what it found
         now = {b.suite.name: (run_id, b.version) for b in batches}
         _record_run(spark, runs_table, outcome, validated_at, {**latest, **now})
     _build_docs(project, run_id)
@@ -196,14 +198,20 @@ def check_quality(
     return outcome
 
 
-def latest_validations(spark: SparkSession, runs_table: str, results_table: str) -> dict[str, tuple[str, int | None]]:
+Validations = dict[str, tuple[str, int | None]]  # suite -> (the run that validated it last, the version or None)
+
+
+def recorded_validations(spark: SparkSession, runs_table: str) -> Validations | None:
     """Per suite ever validated: the run that validated it last, and the Delta version it validated (None
     for a cross view). The latest run's, not the largest version: a table rebuilt by reconcile starts again
-    from version 0. Read from the last row of `quality_runs` (one row per run); `dq_results`, which every
-    run adds some hundred rows to, is read only in a warehouse an older version wrote, once."""
+    from version 0. From the last row of `quality_runs` (one per run); None when it has none yet."""
     rows = spark.table(runs_table).orderBy(F.desc("finished_at")).limit(1).select("latest").collect()
-    if rows:
-        return {suite: (run, version) for suite, (run, version) in json.loads(rows[0]["latest"]).items()}
+    return {suite: (run, v) for suite, (run, v) in json.loads(rows[0]["latest"]).items()} if rows else None
+
+
+def validations_in(spark: SparkSession, results_table: str) -> Validations:
+    """The same from `dq_results`, which every run adds some hundred rows to: read only in a warehouse an
+    older version wrote, whose first run then records it in `quality_runs`."""
     last = F.max(F.struct("validated_at", "table_version", "run_id"))
     found = spark.table(results_table).groupBy("suite").agg(last.alias("v")).collect()
     return {r["suite"]: (r["v"]["run_id"], r["v"]["table_version"]) for r in found}
@@ -447,7 +455,7 @@ def _append(spark: SparkSession, table: str, rows: list[dict[str, Any]]) -> None
 
 def _record_run(
     spark: SparkSession, table: str, outcome: Outcome, validated_at: dt.datetime,
-    latest: dict[str, tuple[str, int | None]],
+    latest: Validations,
 ) -> None:  # fmt: skip
     failed = outcome.failures
     row = (outcome.run_id, validated_at, dt.datetime.now(dt.UTC).replace(tzinfo=None), len(outcome.results),

@@ -17,7 +17,16 @@ from pyspark.sql import functions as F
 from jobs import quality
 from jobs.cli import main
 from jobs.config import Config
-from jobs.quality import EXIT_BLOCKING, Batch, _local, _validate, check_quality, latest_validations, quality_dir
+from jobs.quality import (
+    EXIT_BLOCKING,
+    Batch,
+    _local,
+    _validate,
+    check_quality,
+    quality_dir,
+    recorded_validations,
+    validations_in,
+)
 from jobs.reconcile import reconcile
 from jobs.report import gather_quality
 from schemas.bronze import BRONZE
@@ -59,13 +68,14 @@ def test_the_version_validated_last_is_the_latest_runs_not_the_largest(spark: Sp
                           ).createOrReplaceTempView("dq_old")  # fmt: skip
     spark.createDataFrame([], "finished_at timestamp, latest string").createOrReplaceTempView("dq_no_runs")
     expected = {"deliveries": ("dq-2", 3), "group_findings": ("dq-1", None)}
-    assert latest_validations(spark, "dq_no_runs", "dq_old") == expected
+    assert recorded_validations(spark, "dq_no_runs") is None
+    assert validations_in(spark, "dq_old") == expected
     runs = [
         (NOW, json.dumps({"deliveries": ["dq-2", 3]})),
         (NOW + dt.timedelta(hours=2), json.dumps({"deliveries": ["dq-3", 0]})),
     ]
     spark.createDataFrame(runs, "finished_at timestamp, latest string").createOrReplaceTempView("dq_runs")
-    assert latest_validations(spark, "dq_runs", "dq_old") == {"deliveries": ("dq-3", 0)}
+    assert recorded_validations(spark, "dq_runs") == {"deliveries": ("dq-3", 0)}
 
 
 def _results(spark: SparkSession, cfg: Config, run_id: str) -> list[dict[str, Any]]:
@@ -200,6 +210,13 @@ def test_silver_and_gold_are_validated_by_what_changed(spark: SparkSession, conf
     assert ("txn_lifecycle", "expect_column_values_to_be_in_set(state)", False) in {
         (r["suite"], r["expectation"], r["success"]) for r in shown
     }
+    # A warehouse an older version wrote has no quality_runs: its first run, with nothing to validate, records
+    # what dq_results says, and the dashboard shows the same.
+    spark.sql(f"DROP TABLE {cfg.table('quality_runs')}")
+    check_quality(spark, cfg, "dq-changes-upgraded", NOW)
+    [upgraded] = spark.table(cfg.table("quality_runs")).collect()
+    assert (json.loads(upgraded["latest"]), upgraded["expectations"]) == (latest, 0)
+    assert gather_quality(spark, cfg)["dq_latest"] == shown
 
     # A table that kept no change data (one made by an older version) is validated whole.
     spark.sql(f"ALTER TABLE {life} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'false')")
