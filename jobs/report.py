@@ -125,11 +125,9 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     data["collect_runs"] = _collect_runs(t.get("collect_runs"))
     data |= _groups(t.get("consumer_events"))
     data["deliveries"] = _deliveries(t.get("deliveries"))
-    data["deliveries_over_time"] = {
-        r["consumer_group"]: _over_time(t["deliveries"].where(F.col("consumer_group") == r["consumer_group"]),
-                                        F.col("store_timestamp"), "status")
-        for r in data["deliveries"]
-    }  # fmt: skip
+    shown = [r["consumer_group"] for r in data["deliveries"]]
+    per_group = _over_time_by(t["deliveries"], F.col("store_timestamp"), "status", "consumer_group") if shown else {}
+    data["deliveries_over_time"] = {group: per_group.get(group, _no_times()) for group in shown}
     return data
 
 
@@ -270,13 +268,28 @@ def _rows(df: DataFrame, columns: Sequence[str | Column], limit: int) -> list[di
 
 def _over_time(df: DataFrame, ts: Column, group: str) -> dict[str, Any]:
     """Counts per (time bucket, group), with the bucket width chosen from the data's time span."""
-    timed = df.select(ts.alias("ts"), group).where(F.col("ts").isNotNull())
-    first, last = timed.agg(F.min("ts"), F.max("ts")).collect()[0]
-    if first is None:
-        return {"bucket_ms": 1000, "counts": []}
-    width = bucket_ms(first, last)
-    counts = timed.groupBy((F.floor(F.col("ts") / width) * width).alias("bucket"), group).count().collect()
-    return {"bucket_ms": width, "counts": [(int(r["bucket"]), r[group], r["count"]) for r in counts]}
+    return _over_time_by(df.withColumn("_all", F.lit(True)), ts, group, "_all").get(True, _no_times())
+
+
+def _over_time_by(df: DataFrame, ts: Column, group: str, by: str) -> dict[Any, dict[str, Any]]:
+    """`_over_time` of the rows of each value of `by` (its buckets sized to its own span), in two passes over
+    `df` for every value together: the deliveries' charts, one per consumer group, took two passes each."""
+    timed = df.select(F.col(by).alias("_by"), ts.alias("ts"), group)
+    timed = timed.where(F.col("ts").isNotNull() & F.col("_by").isNotNull())
+    spans = timed.groupBy("_by").agg(F.min("ts").alias("first"), F.max("ts").alias("last")).collect()
+    widths = {r["_by"]: bucket_ms(r["first"], r["last"]) for r in spans}
+    if not widths:
+        return {}
+    width = F.create_map(*(F.lit(v) for pair in widths.items() for v in pair))[F.col("_by")]
+    counts = timed.groupBy("_by", (F.floor(F.col("ts") / width) * width).alias("bucket"), group).count().collect()
+    out: dict[Any, dict[str, Any]] = {value: {"bucket_ms": w, "counts": []} for value, w in widths.items()}
+    for r in counts:
+        out[r["_by"]]["counts"].append((int(r["bucket"]), r[group], r["count"]))
+    return out
+
+
+def _no_times() -> dict[str, Any]:
+    return {"bucket_ms": 1000, "counts": []}
 
 
 def _op_lag(life: DataFrame) -> dict[str, Any]:
