@@ -1,10 +1,11 @@
 """`make bench-serve`: what a serve cycle costs that brings about 1,000 new transactions to a warehouse
 that already holds N reconciled ones (BENCH_TRANSACTIONS, default "1000000 2000000").
 
-For each N the model simulates 1.001 x N transactions of the default profile as Parquet, split by event
-time into `base` and `tail` (the last 0.1% of events, about N / 1000 transactions; landing/bench-serve-N,
-reused when it is there). `txn-recon ingest` and `reconcile` make the warehouse from `base`; then
-`txn-recon serve` starts on it with a cycle every 5 s. Its first cycle finds nothing new but, after a
+For each N the model simulates N + 1,000 transactions of the default profile as Parquet, split by event
+time into `base` and `tail` (the last 1,000 / (N + 1,000) of events, about 1,000 transactions at every N, so
+that the cycles differ only by the warehouse; landing/bench-serve-N+1000, reused when it is there).
+`txn-recon ingest` and `reconcile` make the warehouse from `base`; then `txn-recon serve` starts on it
+with a cycle every 5 s. Its first cycle finds nothing new but, after a
 start, runs every step once (the warm-up); then `tail` lands and the next cycle brings it in. Printed:
 that cycle's seconds per step from serve's own line (collect excluded: nothing to collect here), and the
 peak resident memory of serve's process tree. A benchmark, not a test: nothing asserts on time.
@@ -25,15 +26,15 @@ from pathlib import Path
 from tests.bench.bench_pipeline import ROOT, TIME, split_landing
 from tests.bench.bench_reconcile import TXN_RECON, _hwm_kib, _tree, timed
 
-TAIL_SHARE = 0.001
+NEW_TRANSACTIONS = 1_000  # what the measured cycle brings, whatever the warehouse holds
 CYCLE = re.compile(r"txn-recon serve: cycle (\d+) (\w+): inserted (\d+)(.*)")
 
 
 def landing_for(n: int) -> tuple[Path, Path]:
-    """landing/bench-serve-N/{base,tail}, simulated and split once."""
-    root = ROOT / "landing" / f"bench-serve-{n}"
+    """landing/bench-serve-N+1000/{base,tail}, simulated and split once."""
+    root = ROOT / "landing" / f"bench-serve-{n}+{NEW_TRANSACTIONS}"
     if not (root / "split.json").exists():
-        split_landing(root, n + n // 1000, TAIL_SHARE)
+        split_landing(root, n + NEW_TRANSACTIONS, NEW_TRANSACTIONS / (n + NEW_TRANSACTIONS))
     return root / "base", root / "tail"
 
 
