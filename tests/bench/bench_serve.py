@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from tests.bench.bench_pipeline import ROOT, TIME, split_landing
 from tests.bench.bench_reconcile import TXN_RECON, _hwm_kib, _tree, timed
 
 NEW_TRANSACTIONS = 1_000  # what the measured cycle brings, whatever the warehouse holds
+LOGS = ROOT / "artifacts" / "bench-logs"
 CYCLE = re.compile(r"txn-recon serve: cycle (\d+) (\w+): inserted (\d+)(.*)")
 
 
@@ -49,6 +51,11 @@ def wait_for_cycle(log: Path, after: int, proc: subprocess.Popen[bytes], peak: l
         peak[0] = max([peak[0], *(_hwm_kib(p) for p in _tree(proc.pid))])
         time.sleep(0.5)
     return cycles(log)[after]
+
+
+def _status(m: re.Match[str]) -> str:
+    """ok, idle, or failed with serve's reason: a failed cycle's seconds are not a cycle's."""
+    return m[2] if m[2] != "failed" else f"FAILED ({m[4].partition('; ')[2].strip()})"
 
 
 def _steps(m: re.Match[str]) -> str:
@@ -82,10 +89,12 @@ def main() -> int:
                 new = wait_for_cycle(log, int(new[1]), proc, peak)
             proc.send_signal(signal.SIGTERM)
             proc.wait(600)
+            LOGS.mkdir(parents=True, exist_ok=True)
+            shutil.copy(log, LOGS / f"serve-{n}.log")  # the cycles' own lines, kept for a figure that surprises
             print(f"serve on {n:,} reconciled transactions (made by ingest {ingest_s:.0f} s, reconcile "
-                  f"{reconcile_s:.0f} s):\n  warm-up cycle: {_steps(warm)}\n  the cycle that brought "
-                  f"{int(new[3]):,} new records: {_steps(new)}\n  peak RSS of serve's process tree "
-                  f"{peak[0] // 1024:,} MiB", flush=True)  # fmt: skip
+                  f"{reconcile_s:.0f} s; its log: {LOGS / f'serve-{n}.log'}):\n  warm-up cycle {_status(warm)}: "
+                  f"{_steps(warm)}\n  the cycle that brought {int(new[3]):,} new records {_status(new)}: "
+                  f"{_steps(new)}\n  peak RSS of serve's process tree {peak[0] // 1024:,} MiB", flush=True)  # fmt: skip
     return 0
 
 
