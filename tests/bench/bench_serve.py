@@ -5,10 +5,11 @@ For each N the model simulates N + 1,000 transactions of the default profile as 
 time into `base` and `tail` (the last 1,000 / (N + 1,000) of events, about 1,000 transactions at every N, so
 that the cycles differ only by the warehouse; landing/bench-serve-N+1000, reused when it is there).
 `txn-recon ingest` and `reconcile` make the warehouse from `base`; then `txn-recon serve` starts on it
-with a cycle every 5 s. Its first cycle finds nothing new but, after a
-start, runs every step once (the warm-up); then `tail` lands and the next cycle brings it in. Printed:
-that cycle's seconds per step from serve's own line (collect excluded: nothing to collect here), and the
-peak resident memory of serve's process tree. A benchmark, not a test: nothing asserts on time.
+with a cycle every 5 s. Its first cycle finds nothing new but, after a start, runs every step once (the
+warm-up); then `tail` lands and the next cycle brings it in. Printed: that cycle's status and seconds per
+step from serve's own line (collect excluded: nothing to collect here), and the peak resident memory of
+serve's process tree; serve's log is kept in artifacts/bench-logs. A benchmark, not a test: nothing
+asserts on time.
 """
 
 from __future__ import annotations
