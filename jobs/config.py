@@ -75,6 +75,7 @@ class Thresholds:
 @dataclass(frozen=True)
 class IngestSettings:
     batch_bytes: int  # new landing files are read in batches of about this many bytes
+    archive: bool  # move each file, once recorded, to <landing>/_ingested/<run id>/ (`jobs.ingest.archive`)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ has not processed (a changed file counts as new). New files are read in batches 
 schemas, validated (transforms.landing), classified against bronze by natural key, and appended:
 typed rows to `<stream>_events`, bad ones to `quarantine`. Then the files are recorded. A run that dies
 between those writes is simply repeated by the next one: rows already stored classify as duplicates
-and quarantine rows are keyed, so the tables end the same as after one clean run.
+and quarantine rows are keyed, so the tables end the same as after one clean run. With `ingest.archive`,
+recorded files then leave the landing for `_ingested/` (`archive`), and only those still in it are looked up.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -113,11 +115,14 @@ def ingest_landing(
     """Ingest every stream folder present under `landing`; the run id and time come from the caller."""
     ensure_tables(spark, config)
     log.info("ingest %s from %s", run_id, landing)
-    streams = [s for s in LANDING if (landing / s).is_dir()]
-    seen = seen_files(spark, config)
-    tallies = {s: ingest_stream(spark, config, landing / s, s, run_id, ingested_at, seen) for s in streams}
+    listed = {s: list_files(landing / s) for s in LANDING if (landing / s).is_dir()}
+    # Archived files leave the landing: those still in it are new, or recorded by a run that died before
+    # it moved them, so only theirs need looking up.
+    seen = seen_files(spark, config, [f for files in listed.values() for f in files] if config.ingest.archive else None)
+    tallies = {s: ingest_stream(spark, config, landing, s, files, run_id, ingested_at, seen)
+               for s, files in listed.items()}  # fmt: skip
     record_run(spark, config, run_id, tallies)
-    land_collect_runs(spark, config, landing / COLLECT_RUNS_DIR)
+    land_collect_runs(spark, config, landing, run_id)
     return tallies
 
 
@@ -145,10 +150,17 @@ def list_files(folder: Path) -> list[LandingFile]:
     return found
 
 
-def seen_files(spark: SparkSession, config: Config) -> set[tuple[str, str, int, int]]:
-    """(stream, path, size, modified_ms) of every landing file an earlier run recorded."""
-    rows = spark.table(config.table("ingest_files")).select("stream", "path", "size", "modified_ms").collect()
-    return {(r["stream"], r["path"], r["size"], r["modified_ms"]) for r in rows}
+def seen_files(
+    spark: SparkSession, config: Config, among: list[LandingFile] | None = None
+) -> set[tuple[str, str, int, int]]:
+    """(stream, path, size, modified_ms) of every landing file an earlier run recorded, or of those `among`
+    the given files' paths only."""
+    recorded = spark.table(config.table("ingest_files")).select("stream", "path", "size", "modified_ms")
+    if among is not None:
+        if not among:
+            return set()
+        recorded = recorded.where(F.col("path").isin(sorted({str(f.path) for f in among})))
+    return {(r["stream"], r["path"], r["size"], r["modified_ms"]) for r in recorded.collect()}
 
 
 def new_files(stream: str, files: list[LandingFile], seen: set[tuple[str, str, int, int]]) -> list[LandingFile]:
@@ -171,13 +183,17 @@ def batches(files: list[LandingFile], max_bytes: int) -> Iterator[list[LandingFi
 def ingest_stream(
     spark: SparkSession,
     config: Config,
-    folder: Path,
+    landing: Path,
     stream: str,
+    files: list[LandingFile],
     run_id: str,
     ingested_at: dt.datetime,
     seen: set[tuple[str, str, int, int]],
 ) -> Tally:
-    todo = new_files(stream, list_files(folder), seen)
+    todo = new_files(stream, files, seen)
+    if config.ingest.archive:  # recorded by a run that died before it moved them
+        new = set(todo)
+        archive(landing, [f.path for f in files if f not in new], run_id)
     tally = Tally()
     if not todo:
         log.info("%s: no new files", stream)
@@ -186,6 +202,8 @@ def ingest_stream(
     for n, batch in enumerate(parts, 1):
         started = time.perf_counter()
         done = ingest_batch(spark, config, stream, batch, run_id, ingested_at)
+        if config.ingest.archive:
+            archive(landing, [f.path for f in batch], run_id)
         tally.add(done)
         log.info("%s: batch %d/%d: %d files, %d records: %d inserted, %d duplicates, %d quarantined (%.1f s)",
                  stream, n, len(parts), done.files, done.read, done.inserted, done.duplicates, done.quarantined,
@@ -226,6 +244,24 @@ def ingest_batch(
     tally.quarantined += len(failed)
     record_files(spark, config, stream, files, set(failed), run_id)
     return tally
+
+
+# Where `ingest.archive` moves the files a run recorded: <landing>/_ingested/<run id>/<path in the landing>.
+# Its name starts with "_", so no stream folder listing enters it.
+ARCHIVE = "_ingested"
+
+
+def archive(landing: Path, files: list[Path], run_id: str) -> None:
+    """Move recorded files out of the landing, each to the same path below the run's archive folder (a rename:
+    a file is in one place or the other). Only after its record is committed: a run that dies in between
+    leaves the file for the next run, which finds it recorded and moves it."""
+    root = landing.resolve()
+    for path in files:
+        if not path.is_relative_to(root):  # a link to a file elsewhere: not ours to move
+            continue
+        target = root / ARCHIVE / run_id / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
 
 
 def _unless_engine_failure(e: Exception, stream: str) -> None:
@@ -325,14 +361,19 @@ def record_run(spark: SparkSession, config: Config, run_id: str, tallies: dict[s
     )
 
 
-def land_collect_runs(spark: SparkSession, config: Config, folder: Path) -> int:
-    """`txn-recon collect`'s accounting rows not landed yet (its runs are few: their ids are compared whole)."""
+def land_collect_runs(spark: SparkSession, config: Config, landing: Path, run_id: str) -> int:
+    """`txn-recon collect`'s accounting rows not landed yet: a file per collect pass, named by its run id."""
+    folder = landing / COLLECT_RUNS_DIR
     if not folder.is_dir():
         return 0
     table = create_table(spark, config, COLLECT_RUNS)
-    known = {r["run_id"] for r in spark.table(table).select("run_id").distinct().collect()}
+    paths = sorted(folder.glob("*.jsonl"))
+    landed = spark.table(table).select("run_id")
+    if config.ingest.archive:  # the files of landed runs were moved away: look up the ids of those still here
+        landed = landed.where(F.col("run_id").isin([p.stem for p in paths]))
+    known = {r["run_id"] for r in landed.distinct().collect()}
     rows = []
-    for path in sorted(folder.glob("*.jsonl")):
+    for path in paths:
         if path.stem in known:
             continue
         try:
@@ -343,6 +384,8 @@ def land_collect_runs(spark: SparkSession, config: Config, folder: Path) -> int:
     if rows:
         spark.createDataFrame(rows, to_struct(COLLECT_RUNS)).write.format("delta").mode("append").saveAsTable(table)
         log.info("collect_runs: %d rows landed", len(rows))
+    if config.ingest.archive:
+        archive(landing, [p.resolve() for p in paths], run_id)
     return len(rows)
 
 

@@ -27,6 +27,7 @@ from schemas.bronze import BOOKKEEPING
 from schemas.landing import HALF, HALF_TOPIC, ROCKSDB_HALF_TOPIC
 from schemas.model import Schema
 from schemas.spark import to_struct
+from sources.collector import BrokerRun, write_runs
 
 pytestmark = pytest.mark.spark
 NOW = dt.datetime(2026, 11, 20, 12, 0, 0)
@@ -118,6 +119,47 @@ def test_end_to_end_incremental_and_idempotent(spark: SparkSession, config: Conf
     history = spark.table(cfg.table("ingest_runs")).where("stream = 'op'").orderBy("started_at", "run_id").collect()
     assert [(r["run_id"], r["inserted"], r["duplicates"]) for r in history] == [
         ("run-1", meta["records"]["op"], 0), ("run-2", 0, 0), ("run-3", 0, 0), ("run-4", 0, op_lines)]  # fmt: skip
+
+
+def test_archive_moves_each_recorded_file_out_of_the_landing(
+    spark: SparkSession, config: Config, tmp_path: Path
+) -> None:
+    """With ingest.archive a run moves every file it recorded, a collect pass's accounting too, to the same
+    path below _ingested/<run id>/, and a later run looks up only what the landing still holds: new files, and
+    a recorded one that a run which died before moving it left behind (moved now, not ingested again)."""
+    cfg = fresh_db(spark, config, "t_ingest_archive")
+    cfg = dataclasses.replace(cfg, ingest=dataclasses.replace(cfg.ingest, archive=True))
+    landing = tmp_path / "landing"
+    meta = make_landing(landing, n=40)
+    write_runs(landing / "_collect", "collect-1", [BrokerRun("broker-a", "127.0.0.1:10911", NOW)])
+    sources = [landing / s for s in LANDING] + [landing / "_collect" / "runs"]
+    landed_files = {p.relative_to(landing): p.read_bytes() for folder in sources for p in folder.iterdir()}
+
+    first = ingest(spark, cfg, landing, "run-1")
+    archived = landing / "_ingested" / "run-1"
+    assert {p.relative_to(archived): p.read_bytes() for p in archived.rglob("*") if p.is_file()} == landed_files
+    assert not [p for folder in sources for p in folder.iterdir()]
+    for stream in LANDING:
+        assert first[stream].inserted == meta["records"][stream] > 0
+        assert rows(spark, cfg, stream) == landed(archived / stream)
+    collected = spark.table(cfg.table("collect_runs")).select("run_id", "broker_name").collect()
+    assert [tuple(r) for r in collected] == [("collect-1", "broker-a")]
+
+    # A run that died after recording put back: its files are recorded, so they are moved and not read.
+    for name in ("half/part-00000.jsonl", "_collect/runs/collect-1.jsonl"):
+        shutil.copy2(archived / name, landing / name)  # the same path, size and modification time
+    extra = [dict(r, broker_name="broker-z") for r in landed(archived / "half")[:3]]
+    (landing / "half" / "late.jsonl").write_text("".join(json.dumps(r) + "\n" for r in extra))
+    second = ingest(spark, cfg, landing, "run-2")
+    assert (second["half"].files, second["half"].inserted, second["half"].duplicates) == (1, 3, 0)
+    assert all(second[s].files == 0 for s in LANDING if s != "half")
+    again = landing / "_ingested" / "run-2"
+    assert sorted(str(p.relative_to(again)) for p in again.rglob("*") if p.is_file()) == [
+        "_collect/runs/collect-1.jsonl", "half/late.jsonl", "half/part-00000.jsonl"]  # fmt: skip
+    assert not [p for folder in sources for p in folder.iterdir()]
+    assert spark.table(cfg.table("collect_runs")).count() == 1
+    recorded = spark.table(cfg.table("ingest_files")).where("run_id = 'run-2'").select("path").collect()
+    assert [r["path"] for r in recorded] == [str((landing / "half" / "late.jsonl").resolve())]
 
 
 def test_bronze_tables_have_change_data_feed_and_clustering(spark: SparkSession, config: Config) -> None:

@@ -1,7 +1,8 @@
 """`txn-recon serve` run the way a service manager runs it: one process, cycles over a landing folder that
-grows, SQL over JDBC (Hive's beeline, from the jars pyspark ships) while a cycle writes, metrics and health
-over HTTP, compaction every second cycle, kill -9 in the middle of a cycle and a restart, and a clean stop
-on SIGTERM. The tables it ends with are scored against the model's truth, as one clean run's are."""
+grows (each file archived once ingested), SQL over JDBC (Hive's beeline, from the jars pyspark ships) while
+a cycle writes, metrics and health over HTTP, compaction every second cycle, kill -9 in the middle of a
+cycle and a restart, and a clean stop on SIGTERM. The tables it ends with are scored against the model's
+truth, as one clean run's are."""
 
 from __future__ import annotations
 
@@ -127,6 +128,7 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
     conf = tmp_path / "serve.yaml"
     conf.write_text(json.dumps({"serve": {"every_s": 2, "http": f"127.0.0.1:{_free_port()}",
                                           "sql": f"127.0.0.1:{_free_port()}", "compact_every_cycles": 2},
+                                "ingest": {"archive": True},
                                 "spark": {"conf": {"spark.sql.shuffle.partitions": "2"}}}))  # fmt: skip
     land(source, landing, 0, 2)
 
@@ -187,6 +189,11 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
     assert modes[0] == "full" and set(modes[1:]) == {"incremental"}, modes
     [last] = restarted.sql(counts)
     assert int(last["h"]) == halves
+    # ingest.archive: every file landed has moved, once recorded, from its stream folder to _ingested/.
+    moved = sorted(str(p.relative_to(run)) for run in (landing / "_ingested").iterdir() for p in run.rglob("*.jsonl"))
+    assert moved == sorted(f"{s}/part-{i}.jsonl" for s in LANDING for i in (0, 1)
+                           if sorted((source / s).glob("*.jsonl"))[i::2])  # fmt: skip
+    assert not [p for s in LANDING for p in (landing / s).iterdir()]
     allowed = {(int(first["h"]), int(first["a"])), (halves, int(first["a"])), (halves, int(last["a"]))}
     assert seen and seen <= allowed, (seen, allowed)
     # `txn-recon sql` cannot open the catalog serve holds: it asks serve's SQL server instead.
