@@ -8,8 +8,10 @@ that the cycles differ only by the warehouse; landing/bench-serve-N+1000, reused
 with a cycle every 5 s. Its first cycle finds nothing new but, after a start, runs every step once (the
 warm-up); then `tail` lands and the next cycle brings it in. Printed: that cycle's status and seconds per
 step from serve's own line (collect excluded: nothing to collect here), and the peak resident memory of
-serve's process tree; serve's log is kept in artifacts/bench-logs. A benchmark, not a test: nothing
-asserts on time.
+serve's process tree; serve's log is kept in artifacts/bench-logs. Then, on the same warehouse, the floor
+of that cycle (`tests.bench.floor cycle`): what Delta alone takes, warm, to write and read the rows the
+cycle wrote, with no rule, expectation or dashboard, and the same with the outputs appended instead of
+merged; its steps are kept beside serve's log. A benchmark, not a test: nothing asserts on time.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.bench.bench_pipeline import ROOT, TIME, split_landing
-from tests.bench.bench_reconcile import TXN_RECON, _hwm_kib, _tree, timed
+from tests.bench.bench_pipeline import FLOOR, ROOT, TIME, split_landing
+from tests.bench.bench_reconcile import TXN_RECON, _hwm_kib, _tree, timed, timed_job
 
 NEW_TRANSACTIONS = 1_000  # what the measured cycle brings, whatever the warehouse holds
 LOGS = ROOT / "artifacts" / "bench-logs"
 CYCLE = re.compile(r"txn-recon serve: cycle (\d+) (\w+): inserted (\d+)(.*)")
+APPENDED = re.compile(r"floor done, outputs appended \(([\d.]+) s\)")
 
 
 def landing_for(n: int) -> tuple[Path, Path]:
@@ -64,6 +67,17 @@ def _steps(m: re.Match[str]) -> str:
     return f"{sum(float(v) for _, v in steps):.1f} s in all ({', '.join(f'{k} {v} s' for k, v in steps)})"
 
 
+def cycle_floor(warehouse: Path, log: Path) -> tuple[float, float]:
+    """Seconds of `tests.bench.floor cycle` on the warehouse, with the outputs merged and appended; its
+    steps written to `log`."""
+    _, _, err = timed_job([sys.executable, "-m", "tests.bench.floor", "cycle", str(warehouse)])
+    log.write_text(err)
+    merged, appended = FLOOR.search(err), APPENDED.search(err)
+    if merged is None or appended is None:
+        raise SystemExit(f"the floor of the cycle printed no figure:\n{err[-3000:]}")
+    return float(merged[1]), float(appended[1])
+
+
 def main() -> int:
     sizes = [int(n) for n in os.environ.get("BENCH_TRANSACTIONS", "1000000 2000000").split()]
     for n in sizes:
@@ -92,10 +106,14 @@ def main() -> int:
             proc.wait(600)
             LOGS.mkdir(parents=True, exist_ok=True)
             shutil.copy(log, LOGS / f"serve-{n}.log")  # the cycles' own lines, kept for a figure that surprises
+            merged_s, appended_s = cycle_floor(warehouse, LOGS / f"floor-{n}.log")
             print(f"serve on {n:,} reconciled transactions (made by ingest {ingest_s:.0f} s, reconcile "
                   f"{reconcile_s:.0f} s; its log: {LOGS / f'serve-{n}.log'}):\n  warm-up cycle {_status(warm)}: "
                   f"{_steps(warm)}\n  the cycle that brought {int(new[3]):,} new records {_status(new)}: "
-                  f"{_steps(new)}\n  peak RSS of serve's process tree {peak[0] // 1024:,} MiB", flush=True)  # fmt: skip
+                  f"{_steps(new)}\n  peak RSS of serve's process tree {peak[0] // 1024:,} MiB\n  the floor of that "
+                  f"cycle, Delta alone writing and reading its rows: {merged_s:.1f} s; with the outputs "
+                  f"appended instead of merged {appended_s:.1f} s (its steps: {LOGS / f'floor-{n}.log'})",
+                  flush=True)  # fmt: skip
     return 0
 
 
