@@ -112,7 +112,8 @@ def test_pipeline_matches_what_the_broker_did(spark: SparkSession, config: Confi
     rows = spark.table(cfg.table("anomalies")).collect()
     got = {(r["anomaly_type"], r["uniq_key"], r["reason"]) for r in rows if r["uniq_key"] is not None}
     wanted = {(kind, k, reason) for k, e in want.items() for kind, reason in e.anomalies}
-    assert got == wanted, (played.version, sorted(got - wanted)[:5], sorted(wanted - got)[:5])
+    either = {(kind, k, reason) for k, e in want.items() for kind, reason in e.either}
+    assert got - either == wanted, (played.version, sorted(got - either - wanted)[:5], sorted(wanted - got)[:5])
     assert {kind for kind, _, _ in got} >= {"DISCARDED_AFTER_MAX_CHECKS", "ORPHANED_COMMIT"}
     # Every final message reached the consumers, duplicates included.
     consumed = sum(r["messages"] for r in played.truth if r["kind"] == "consumed")

@@ -11,7 +11,14 @@ broker sent it with the answer. What follows from that on the broker is mechanic
 - the copies nobody is asked about: a gone producer group's (checks go nowhere) and the immunity copies
   written inside `CHECK_IMMUNITY_TIME_IN_SECONDS` (never resolved, reference §1.5);
 - a transaction decided after its discard is never checked again: the driver records no check after its
-  late commit, so it is ORPHANED_COMMIT AFTER_DISCARD and not RECHECKED_AFTER_RESOLUTION (DESIGN §2).
+  late commit, so it is ORPHANED_COMMIT AFTER_DISCARD and not RECHECKED_AFTER_RESOLUTION (DESIGN §2);
+- the copy the check_max-th check is about is discarded as soon as the check pass reaches it, unless its
+  op came first: the pass tests the check count before it stops at copies stored since it began
+  (TransactionalMessageServiceImpl.check), and it put that copy back a moment before. An answer to that
+  check races the discard, which the driver cannot see: a final it writes may land after the discard or
+  before. On a loaded machine a 5.5.0 broker applied no op before a check pass, checked all 125
+  transactions three times and discarded each; of the 60 whose third answer was COMMIT, 58 finals
+  landed after the discard. That finding is `either` for them: found or not, both follow.
 
 A RIP-82 broker (`rip_82_expected`) checks the original half alone, deletes it from RocksDB at once when
 an end request comes, and deletes an unresolved one at its check_max + 1-th check.
@@ -19,6 +26,7 @@ an end request comes, and deletes an unresolved one at its check_max + 1-th chec
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +38,7 @@ UNSEEN_OPEN_COPIES = ("GONE", "IMMUNITY")  # open copies the driver is never ask
 class Expected:
     state: str
     anomalies: frozenset[tuple[str, str | None]]  # (type, reason)
+    either: frozenset[tuple[str, str | None]] = frozenset()  # may follow or not: a race the driver cannot see
 
 
 def expected(t: dict[str, Any], check_max: int, check_interval_ms: int) -> Expected:
@@ -49,7 +58,10 @@ def expected(t: dict[str, Any], check_max: int, check_interval_ms: int) -> Expec
     last = t["checks"][-1]["times"] if answers else 0
     if answers and answers[-1] == "UNKNOW" and last < check_max and discarded and t["fate"] != "GONE":
         raise AssertionError(f"{t['uniq_key']}: its last check before the discard was #{last}, expected {check_max}")
-    return _outcome(t, resolved, discarded, rechecked=resolved and last_open and after <= 0, late=after > 0)
+    outcome = _outcome(t, resolved, discarded, rechecked=resolved and last_open and after <= 0, late=after > 0)
+    if answers and last == check_max and answers[-1] == "COMMIT":  # its final races the discard (above)
+        return dataclasses.replace(outcome, either=frozenset({("ORPHANED_COMMIT", "AFTER_DISCARD")}))
+    return outcome
 
 
 def rip_82_expected(t: dict[str, Any], check_max: int) -> Expected:
