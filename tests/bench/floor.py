@@ -147,8 +147,7 @@ Rows = dict[str, tuple[list[str], DataFrame]]  # table -> (its key, rows)
 
 def _changed(spark: SparkSession, table: str, since: int, until: int) -> DataFrame:
     """The rows that versions since+1..until of `table` inserted or rewrote, kept by the executors."""
-    changes = spark.read.option("readChangeFeed", "true").option("startingVersion", since + 1)
-    rows = changes.option("endingVersion", until).table(table).where("_change_type IN ('insert', 'update_postimage')")
+    rows = _read_changes(spark, table, since, until).where("_change_type IN ('insert', 'update_postimage')")
     return rows.drop("_change_type", "_commit_version", "_commit_timestamp").localCheckpoint()
 
 
@@ -191,8 +190,10 @@ def _cycle(
     step("change sets read into pandas")
 
 
-def _read_changes(spark: SparkSession, table: str, since: int) -> DataFrame:
-    return spark.read.option("readChangeFeed", "true").option("startingVersion", since + 1).table(table)
+def _read_changes(spark: SparkSession, table: str, since: int, until: int | None = None) -> DataFrame:
+    """The change feed of `table` after version `since` (up to `until`, else to the latest)."""
+    reader = spark.read.option("readChangeFeed", "true").option("startingVersion", since + 1)
+    return (reader if until is None else reader.option("endingVersion", until)).table(table)
 
 
 if __name__ == "__main__":
