@@ -186,6 +186,7 @@ class Consumers:
         b.offset_seq += 1
         rec = (b.name, group, topic, qid, offset, now, client, b.offset_seq)  # OFFSET field order
         sim.emit("offset", rec, now)
+        self.filters.commit(group, (topic, b.name, qid), now)
         key = (group, topic, qid)
         before = b.offsets.get(key)
         if before is not None and offset > before[0] and client is None and before[1] is not None:

@@ -8,7 +8,9 @@ every such refusal as it happens (`refused`).
 UNDELIVERED is judged on what snapshots can show (DESIGN §2): the truth follows the rule's windows, pairs of
 consecutive snapshots of a group in which a filter of the queue, as the model's state had it at either snapshot or
 at the one before (a commit reports passes up to a persist interval late), could refuse, in runs; a run is a finding
-from the first window in which a filter seen refused a wanted message the committed offset passed. The finding
+from the first window in which a filter seen refused a wanted message the committed offset passed. Window 0 is the
+time before the group's first snapshot, from its first commit on the queue, judged by the first snapshot's filters
+(what the committed offset passed by then, from the queue's first message, which nothing else shows). The finding
 carries `refused_offsets` and their count `messages_refused`: the wanted messages of its windows that a filter
 really refused, for the score to hold against the finding's bounds and the deliveries table against each message.
 """
@@ -69,11 +71,15 @@ class FilterWatch:
         self.truth = truth
         self.refused: dict[tuple[str, MQ], set[int]] = {}  # (group, queue) -> offsets a filter refused
         self.skipped: dict[tuple[str, MQ], list[tuple[int, int, int]]] = {}  # admin jumps: when, from, to
+        self.first_commit: dict[tuple[str, MQ], int] = {}  # when the group first committed the queue
         self.seen: dict[str, _Seen] = {}
         self.runs: dict[tuple[str, MQ], _Run] = {}
 
     def refuse(self, group: str, mq: MQ, offset: int) -> None:
         self.refused.setdefault((group, mq), set()).add(offset)
+
+    def commit(self, group: str, mq: MQ, now: int) -> None:
+        self.first_commit.setdefault((group, mq), now)
 
     def skip(self, group: str, mq: MQ, now: int, start: int, end: int) -> None:
         """An admin moved the committed offset from `start` to `end` (an OFFSET_JUMP): skipped, not refused."""
@@ -85,7 +91,12 @@ class FilterWatch:
         lacks the topic) and the committed offsets (absent: the queue's first offset, 0)."""
         before = self.seen.get(group)
         k = before.k + 1 if before else 1
-        if before is not None:
+        if before is None:  # window 0: what the committed offsets passed before anything showed the filters
+            for mq in sorted(mq for mq, configs in filters.items() if any(f.can_refuse() for f in configs)):
+                if committed.get(mq, 0) > 0:
+                    since = self.first_commit[(group, mq)]
+                    self._window(group, mq, _Seen(0, since, {}, {}, {}), now, 0, filters[mq], committed[mq], tags(mq))
+        else:
             for mq in sorted(set(before.earlier) | set(before.filters) | set(filters)):
                 configs = (
                     before.earlier.get(mq, frozenset())

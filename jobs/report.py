@@ -29,6 +29,7 @@ from jobs.errors import TxnReconError
 from jobs.lock import warehouse_lock
 from jobs.reconcile import latest_as_of
 from jobs.session import build_session
+from schemas.quality import DELIVERY_STATUSES
 from transforms.consumers import holders, islands, snapshots, subscription_text
 
 log = logging.getLogger(__name__)
@@ -138,8 +139,7 @@ def _deliveries(deliveries: DataFrame | None) -> list[dict[str, Any]]:
     status = F.col("status")
     per_group = deliveries.groupBy("consumer_group").agg(
         F.count(F.lit(1)).alias("wanted"),
-        *(F.count(F.when(status == s, 1)).alias(s.lower()) for s in ("CONSUMED", "DEAD_LETTERED", "UNDELIVERED",
-                                                                      "PENDING")),
+        *(F.count(F.when(status == s, 1)).alias(s.lower()) for s in DELIVERY_STATUSES),
         F.max("pending_ms").alias("oldest_pending_ms"), F.sum("retries").alias("retries"),
         F.sum("duplicates_expected").alias("duplicates_expected"),
     )  # fmt: skip
@@ -199,7 +199,8 @@ def _group_findings(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
                                            _detail("reconsume_times"), _detail("transaction_id"),
                                            _detail("dlq_topic"), _detail("dlq_queue_offset")]),
         "undelivered": ("UNDELIVERED", ["consumer_group", "topic", "queue_id", "broker_name", "event_ts",
-                                        _detail("until"), _detail("messages"), _detail("exact"),
+                                        _detail("until"), _detail("messages"), _detail("at_most"),
+                                        _detail("before_first_snapshot"), _detail("exact"),
                                         _detail("refused_by"), _detail("filters")]),
     }  # fmt: skip
     out: dict[str, Any] = {}

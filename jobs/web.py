@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.config import Config, host_port
@@ -35,6 +35,9 @@ class Metrics:
         self.undelivered = Gauge("txn_recon_undelivered_messages", "Messages a group wanted that its committed "
                                  "offset passed while a tag filter refused them (UNDELIVERED)", ["group"],
                                  registry=r)  # fmt: skip
+        self.undelivered_at_most = Gauge("txn_recon_undelivered_messages_at_most", "Messages a group wanted that "
+                                         "its committed offset passed while a tag filter that may have applied "
+                                         "refused them (UNDELIVERED at_most)", ["group"], registry=r)  # fmt: skip
         self.deliveries = Gauge("txn_recon_deliveries", "Messages each group wants, by what became of them "
                                 "(the deliveries table)", ["group", "status"], registry=r)  # fmt: skip
         self.oldest_pending = Gauge("txn_recon_oldest_pending_delivery_seconds", "Age at the data time of the "
@@ -74,15 +77,20 @@ class Metrics:
                 log.warning("metrics: could not read the tables (%s)", e)
 
     def _read_tables(self, spark: SparkSession, config: Config) -> None:
-        lost = F.when(F.col("anomaly_type") == "UNDELIVERED", F.get_json_object("detail", "$.messages").cast("long"))
+        def lost(field: str) -> Column:
+            count = F.get_json_object("detail", f"$.{field}").cast("long")
+            return F.sum(F.when(F.col("anomaly_type") == "UNDELIVERED", count)).alias(field)
+
         findings = (spark.table(config.table("anomalies")).groupBy("anomaly_type", "consumer_group")
-                    .agg(F.count(F.lit(1)).alias("count"), F.sum(lost).alias("lost")).collect())  # fmt: skip
+                    .agg(F.count(F.lit(1)).alias("count"), lost("messages"), lost("at_most")).collect())  # fmt: skip
         self.findings.clear()
         self.undelivered.clear()
+        self.undelivered_at_most.clear()
         for r in findings:
             self.findings.labels(r["anomaly_type"], r["consumer_group"] or "").set(r["count"])
-            if r["lost"] is not None:
-                self.undelivered.labels(r["consumer_group"]).set(r["lost"])
+            if r["messages"] is not None:
+                self.undelivered.labels(r["consumer_group"]).set(r["messages"])
+                self.undelivered_at_most.labels(r["consumer_group"]).set(r["at_most"])
         [run] = spark.table(config.table("reconcile_runs")).orderBy(F.desc("finished_at")).limit(1).collect()
         as_of = int(run["as_of"])
         self.as_of.set(as_of / 1000)

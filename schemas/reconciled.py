@@ -116,7 +116,7 @@ DELIVERIES = Schema(
         Field("transaction_id", "string", nullable=True, doc="set on a transaction's committed message"),
         Field("tags", "string", nullable=True),
         Field("store_timestamp", "long"),
-        Field("status", "string", doc="CONSUMED, DEAD_LETTERED, UNDELIVERED or PENDING"),
+        Field("status", "string", doc="CONSUMED, DEAD_LETTERED, UNDELIVERED, POSSIBLY_UNDELIVERED or PENDING"),
         Field("retries", "int", doc="copies the group's consumers sent back to %RETRY% before this status"),
         Field("duplicates_expected", "int", doc="hand-offs and offset regressions that deliver it again"),
         Field("pending_ms", "long", nullable=True, doc="its age while PENDING, at the last reconcile run's as_of"),

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from schemas.landing import CONSUMER
 from schemas.spark import to_struct
@@ -169,7 +170,8 @@ def test_messages_a_tag_filter_refused_are_undelivered_per_queue_and_run(spark: 
     commits = [("t", 0, 6, T + 5_000, "A", 1), ("t", 1, 6, T + 5_000, "B", 2)]
     cons, commits_df, real = frames(spark, rows, commits, {("t", 0): 6, ("t", 1): 6})
     [(_, _, q0, since0, d0), (_, _, q1, since1, d1)] = found(undelivered(refusals(cons, commits_df, real), AS_OF))
-    both = {"exact": True, "cause": "TAG_FILTER", "since": T, "until": T + 10_000, "ongoing": False}
+    both = {"exact": True, "cause": "TAG_FILTER", "since": T, "until": T + 10_000, "ongoing": False,
+            "before_first_snapshot": 0}  # fmt: skip
     assert (q0, since0, q1, since1) == (0, T, 1, T)
     assert d0 == {**both, "messages": 6, "at_most": 6, "first_offset": 0, "last_offset": 5,
                   "refused_by": ["broker", "member"],
@@ -232,6 +234,59 @@ def test_a_pull_committed_after_the_table_changed_is_a_loss_of_at_most(spark: Sp
     [(_, _, _, since, detail)] = found(undelivered(refusals(cons, commits_df, real), AS_OF))
     assert (since, detail["messages"], detail["at_most"], detail["exact"]) == (T + 10_000, 0, 3, False)
     assert sorted(f["broker_expression"] for f in detail["filters"]) == ["*", "TagB"]
+
+
+def test_what_was_passed_before_the_first_snapshot_is_a_loss_of_at_most(spark: SparkSession) -> None:
+    """The group committed queue 0 to 4 before its first snapshot (k=0), which shows the refusing filters of
+    `tagged`; then 2 more between snapshots 0 and 1. What applied before k=0 nobody saw: the four are possibly
+    lost, never certainly, and the finding begins at the group's first commit (issue 47's real broker)."""
+    rows = [r for k in range(2) for r in tagged(k, (0,), ())]
+    commits = [("t", 0, 2, T - 8_000, "A", 1), ("t", 0, 4, T - 3_000, "A", 2), ("t", 0, 6, T + 5_000, "A", 3)]
+    cons, commits_df, real = frames(spark, rows, commits, {("t", 0): 6})
+    real = real.withColumn("store_timestamp", real["store_timestamp"] - 10_000)
+    [(_, _, _, since, detail)] = found(undelivered(refusals(cons, commits_df, real), AS_OF))
+    assert (since, detail["since"], detail["until"]) == (T - 8_000, T - 8_000, T + 10_000)
+    # The committed offset moved at T - 3 s, after offsets 4 and 5 were stored: pulled before k=0, perhaps.
+    assert (detail["messages"], detail["at_most"], detail["before_first_snapshot"], detail["exact"]) == (0, 6, 4, False)
+
+
+def test_the_first_window_is_exact_where_the_offset_stood_still_since_the_message(spark: SparkSession) -> None:
+    """As above, but offsets 4 and 5 were stored after the last commit before the first snapshot: nobody pulled
+    them before it, so the window is certain; the time before the first snapshot still is not."""
+    rows = [r for k in range(2) for r in tagged(k, (0,), ())]
+    commits = [("t", 0, 4, T - 8_000, "A", 1), ("t", 0, 6, T + 5_000, "A", 2)]
+    cons, commits_df, real = frames(spark, rows, commits, {("t", 0): 6})
+    real = real.withColumn("store_timestamp", F.when(F.col("queue_offset") < 4, T - 9_000).otherwise(T - 1_000))
+    refused = refusals(cons, commits_df, real)
+    [(_, _, _, since, detail)] = found(undelivered(refused, AS_OF))
+    assert (since, detail["messages"], detail["at_most"], detail["before_first_snapshot"]) == (T - 8_000, 2, 6, 4)
+    assert (detail["exact"], detail["first_offset"], detail["last_offset"]) == (False, 4, 5)
+    # Without the time before (the group's first commit at the snapshot), the same window is exact.
+    later = [("t", 0, 0, T, "A", 1), ("t", 0, 6, T + 5_000, "A", 2)]
+    _, commits_df, _ = frames(spark, rows, later, {("t", 0): 6})
+    [(_, _, _, since, detail)] = found(undelivered(refusals(cons, commits_df, real), AS_OF))
+    assert (since, detail["messages"], detail["at_most"], detail["before_first_snapshot"], detail["exact"]) == (
+        T, 6, 6, 0, True)  # fmt: skip
+
+
+def test_what_a_filter_may_have_refused_is_possibly_undelivered(spark: SparkSession) -> None:
+    """Deliveries follow UNDELIVERED's bounds: what the committed offset passed before the first snapshot under a
+    filter that refuses it is POSSIBLY_UNDELIVERED, what every filter refused UNDELIVERED, what none did CONSUMED."""
+    rows = [r for k in range(2) for r in tagged(k, (0,), (1,))]
+    commits = [("t", 0, 4, T - 8_000, "A", 1), ("t", 0, 6, T + 5_000, "A", 2), ("t", 1, 6, T + 5_000, "B", 3)]
+    cons, commits_df, real = frames(spark, rows, commits, {("t", 0): 6, ("t", 1): 6})
+    real = real.selectExpr("*", "concat_ws(':', topic, queue_id, queue_offset) AS uniq_key",
+                           "CAST(NULL AS STRING) AS transaction_id")  # fmt: skip
+    real = real.withColumn("store_timestamp", F.when(F.col("queue_offset") < 4, T - 9_000).otherwise(T - 1_000))
+    none = real.limit(0).selectExpr("broker_name", "topic", "queue_id", "queue_offset", "store_timestamp",
+                                    "'g' AS consumer_group", "'retry' AS kind", "topic AS origin_topic", "uniq_key",
+                                    "1 AS reconsume_times")  # fmt: skip
+    findings = spark.createDataFrame([], "anomaly_type string, consumer_group string, broker_name string, "
+                                         "topic string, queue_id int, detail string")  # fmt: skip
+    got = deliveries(real, cons, commits_df, none, findings, refusals(cons, commits_df, real), AS_OF).collect()
+    status = {(r["queue_id"], r["queue_offset"]): r["status"] for r in got}
+    assert status == {**{(0, o): "POSSIBLY_UNDELIVERED" if o < 4 else "UNDELIVERED" for o in range(6)},
+                      **{(1, o): "UNDELIVERED" if o % 2 == 0 else "CONSUMED" for o in range(6)}}  # fmt: skip
 
 
 def test_what_an_admin_jumped_over_is_skipped_not_undelivered(spark: SparkSession) -> None:

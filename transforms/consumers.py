@@ -266,9 +266,10 @@ def filters(consumer_df: DataFrame) -> DataFrame:
 
 class Refusals(NamedTuple):
     """What the tag filters refused: `windows` (two consecutive snapshots of a group and a queue a filter could
-    refuse on, with the candidate filters and whether they agree, `exact`) and `per_message`, each message a
-    window's committed offset passed that some member wanted and some filter refused, `_every` when every filter the
-    window may have had refuses it. UNDELIVERED and the deliveries table both read them."""
+    refuse on, with the candidate filters and whether they agree, `exact`; and `k` 0, the time before the group's
+    first snapshot) and `per_message`, each message a window's committed offset passed that some member wanted and
+    some filter refused, `_every` when every filter the window may have had refuses it, `_exact` when nothing
+    unseen could have applied to it. UNDELIVERED and the deliveries table both read them."""
 
     windows: DataFrame
     per_message: DataFrame
@@ -282,13 +283,21 @@ def refusals(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: Data
 
     The candidates of a window are the filters its two snapshots show and those of the snapshot before: a
     member commits what it passed up to one persist interval (5 s) later, so a message the committed offset
-    passed in the window may have been pulled before it began. A group's first window has no snapshot before
-    it; its candidates are its own two. A snapshot that shows no filter for the queue (its broker did not
-    answer, nobody held it) leaves the window incomplete: what applied then is unknown, so no message of the
-    window counts as refused by every candidate."""
+    passed in the window may have been pulled before it began. A snapshot that shows no filter for the queue
+    (its broker did not answer, nobody held it) leaves the window incomplete: what applied then is unknown, so
+    no message of the window counts as refused by every candidate.
+
+    Before a group's first snapshot nothing shows what applied. What the committed offset passed by then, from
+    the queue's first message, is window 0: from the group's first commit on the queue to the first snapshot,
+    whose filters are its only candidates; it is never complete, so its messages count in `at_most` alone. The
+    group's first window has no snapshot before it either: a message of it stored before the first snapshot
+    may have been pulled under filters nobody saw, unless the committed offset did not move between its
+    store and the snapshot (a pull that passes a message commits it with the next one); such a message
+    counts in `at_most` alone too."""
     candidates = filters(consumer_df)
     can_refuse = ~(takes_all(F.col("member_expression")) & takes_all(F.col("broker_expression")))
-    snaps = snapshots(consumer_df).where(F.col("next_ts").isNotNull())
+    every = snapshots(consumer_df)
+    snaps = every.where(F.col("next_ts").isNotNull())
     config = F.struct("holder", "member_expression", "broker_expression", "wanted")
     at = candidates.select(*SNAP, *QUEUE, config.alias("config"), can_refuse.alias("can_refuse"))
     window = ["consumer_group", "snapshot_ts", "prev_ts", "k", "latest"]
@@ -317,7 +326,8 @@ def refusals(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: Data
         .join(end, on=["consumer_group", "next_ts", *QUEUE])
         .where(F.col("c1") > F.col("c0"))
     )
-    messages = real_df.select(*QUEUE, "queue_offset", "tags")
+    before, moved = _before_first(every, at, offset_commits_df, real_df)
+    messages = real_df.select(*QUEUE, "queue_offset", "tags", "store_timestamp")
     in_window = (F.col("queue_offset") >= F.col("c0")) & (F.col("queue_offset") < F.col("c1"))
     judged = F.transform("configs", lambda c: F.struct(
         F.exists(c["wanted"], lambda e: tag_matches(e, F.col("tags"))).alias("wanted"),
@@ -332,21 +342,66 @@ def refusals(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: Data
     skipped = reduce(lambda a, b: a & b, [F.col(c) == F.col(f"_{c}") for c in keys]) & (
         (F.col("_at") > F.col("snapshot_ts")) & (F.col("_at") <= F.col("next_ts"))
         & (F.col("queue_offset") >= F.col("_from")) & (F.col("queue_offset") < F.col("_to")))  # fmt: skip
+    # A message of a group's first window pulled, perhaps, before the first snapshot showed any filter.
+    unseen = (F.col("k") == 1) & (F.col("store_timestamp") < F.col("snapshot_ts")) & F.coalesce(
+        F.col("_moved") > F.col("store_timestamp"), F.lit(False))  # fmt: skip
     per_message = (
-        F.broadcast(passed).join(messages, on=QUEUE).where(in_window)
+        F.broadcast(passed.unionByName(before)).join(messages, on=QUEUE).where(in_window)
         .join(F.broadcast(skips), on=skipped, how="left_anti")
+        .join(F.broadcast(moved), on=[*SNAP, *QUEUE], how="left")
         .withColumn("_judged", judged)
         .withColumn("_lost", F.size(lost))
         .where(F.col("_lost") > 0)
-        .withColumn("_every", F.col("complete") & (F.col("_lost") == F.size("_judged")))
+        .withColumn("_exact", F.col("exact") & ~unseen)
+        .withColumn("_every", F.col("complete") & ~unseen & (F.col("_lost") == F.size("_judged")))
         .withColumn("_refused_by", F.transform(lost, lambda j: F.when(~j["broker"], "broker").otherwise("member")))
+        .drop("_moved", "store_timestamp")
     )  # fmt: skip
-    return Refusals(windows, per_message)
+    return Refusals(windows.unionByName(before.drop("c0", "c1")), per_message)
+
+
+def _before_first(every: DataFrame, at: DataFrame, offset_commits_df: DataFrame,
+                  real_df: DataFrame) -> tuple[DataFrame, DataFrame]:  # fmt: skip
+    """Window 0 of each group and queue a first-snapshot filter could refuse on (`refusals`), with what its
+    committed offset passed, [c0, c1): `snapshot_ts` is the group's first commit on the queue, `next_ts` the
+    first snapshot. And `_moved` per (consumer_group, snapshot_ts, queue) of a first snapshot: when the committed
+    offset last moved at or before it."""
+    first = every.where(F.col("prev_ts").isNull()).select("consumer_group", F.col("snapshot_ts").alias("next_ts"),
+                                                          "latest")  # fmt: skip
+    configs = (
+        at.where("can_refuse").withColumnRenamed("snapshot_ts", "next_ts")
+        .join(first, on=["consumer_group", "next_ts"])
+        .groupBy("consumer_group", "next_ts", "latest", *QUEUE).agg(F.collect_set("config").alias("configs"))
+    )  # fmt: skip
+    firsts = real_df.groupBy(*QUEUE).agg(F.min("queue_offset").alias("c0"))
+    commits = offset_commits_df.join(F.broadcast(first.select("consumer_group", "next_ts")), on="consumer_group")
+    upto = commits.where(F.col("commit_timestamp") <= F.col("next_ts")).join(firsts, on=QUEUE, how="left")
+    # Of the commits up to the first snapshot: the first, the offset as of the last, and when it last moved (the
+    # first commit moves it from the queue's first offset).
+    last = Window.partitionBy("consumer_group", *QUEUE).orderBy(F.desc("commit_timestamp"), F.desc_nulls_last("seq"))
+    moves = F.col("offset") != F.coalesce("prev_offset", "c0", F.lit(0))
+    state = (
+        upto.withColumn("_n", F.row_number().over(last))
+        .groupBy("consumer_group", "next_ts", *QUEUE, "c0")
+        .agg(F.min("commit_timestamp").alias("snapshot_ts"),
+             F.max(F.when(F.col("_n") == 1, F.col("offset"))).alias("c1"),
+             F.max(F.when(moves, F.col("commit_timestamp"))).alias("_moved"))
+    )  # fmt: skip
+    before = (
+        configs.join(state, on=["consumer_group", "next_ts", *QUEUE])
+        .where(F.col("c1") > F.col("c0"))
+        .select("consumer_group", "snapshot_ts", F.lit(0).alias("k"), "latest", *QUEUE, "configs",
+                F.lit(True).alias("can_refuse"), F.lit(False).alias("complete"), F.lit(False).alias("exact"),
+                "next_ts", "c0", "c1")
+    )  # fmt: skip
+    moved = state.select("consumer_group", F.col("next_ts").alias("snapshot_ts"), *QUEUE, "_moved")
+    return before, moved
 
 
 def refused_messages(refused: Refusals) -> DataFrame:
-    """(consumer_group, queue, queue_offset): the messages UNDELIVERED counts, those every filter refused."""
-    return refused.per_message.where("_every").select("consumer_group", *QUEUE, "queue_offset").distinct()
+    """(consumer_group, queue, queue_offset, certain): the messages UNDELIVERED counts in `at_most`, those a filter
+    that may have applied refused; `certain` where every one did, the ones it counts in `messages`."""
+    return refused.per_message.groupBy("consumer_group", *QUEUE, "queue_offset").agg(F.max("_every").alias("certain"))
 
 
 def undelivered(refused: Refusals, as_of: int) -> DataFrame:
@@ -359,20 +414,23 @@ def undelivered(refused: Refusals, as_of: int) -> DataFrame:
     they differ (a hand-off, a new table) `messages` counts what every candidate refuses and `at_most`
     what any refuses: a window whose candidates disagree on every message counts as a loss of up to
     `at_most` (with `messages` 0), since which filter applied when cannot be told from the snapshots.
-    Detail: messages, at_most, exact, first and last offset, refused_by (broker, member), the filters
-    (holder and both expressions), since, until, ongoing. Messages passed before a group's
-    first snapshot are not judged: nothing shows the filters then."""
+    Before a group's first snapshot nothing shows the filters (`refusals`, window 0): what the committed offset
+    passed by then and a first-snapshot filter refuses counts in `at_most` and `before_first_snapshot`, and a
+    run that holds it is never exact and begins at the group's first commit on the queue.
+    Detail: messages, at_most, before_first_snapshot, exact, first and last offset, refused_by (broker,
+    member), the filters (holder and both expressions), since, until, ongoing."""
     windows, per_message = refused
     per_window = (
         per_message.groupBy("consumer_group", "snapshot_ts", "next_ts", "k", "latest", *QUEUE)
         .agg(
             F.sum(F.col("_every").cast("int")).alias("messages"),
             F.count(F.lit(1)).alias("at_most"),
+            F.count(F.when(F.col("k") == 0, 1)).alias("before_first_snapshot"),
             F.min(F.when(F.col("_every"), F.col("queue_offset"))).alias("first_offset"),
             F.max(F.when(F.col("_every"), F.col("queue_offset"))).alias("last_offset"),
             F.array_distinct(F.flatten(F.collect_list("_refused_by"))).alias("refused_by"),
             F.first("configs").alias("configs"),
-            F.first("exact").alias("exact"),
+            F.min(F.col("_exact").cast("int")).cast("boolean").alias("exact"),
         )
         .where(F.col("at_most") > 0)
     )
@@ -381,6 +439,7 @@ def undelivered(refused: Refusals, as_of: int) -> DataFrame:
     found = lossy.groupBy("consumer_group", *QUEUE, "island").agg(
         F.min("snapshot_ts").alias("since"), F.max("next_ts").alias("until"), F.max("latest").alias("latest"),
         F.sum("messages").alias("messages"), F.sum("at_most").alias("at_most"),
+        F.sum("before_first_snapshot").alias("before_first_snapshot"),
         F.min(F.col("exact").cast("int")).cast("boolean").alias("exact"),
         F.min("first_offset").alias("first_offset"), F.max("last_offset").alias("last_offset"),
         F.sort_array(F.array_distinct(F.flatten(F.collect_list("refused_by")))).alias("refused_by"),
@@ -388,8 +447,9 @@ def undelivered(refused: Refusals, as_of: int) -> DataFrame:
             "wanted")))))).alias("filters"),
     )  # fmt: skip
     ongoing = (F.col("until") == F.col("latest")).alias("ongoing")
-    detail = F.struct("messages", "at_most", "exact", "first_offset", "last_offset", F.lit("TAG_FILTER").alias("cause"),
-                      "refused_by", "filters", "since", "until", ongoing)  # fmt: skip
+    detail = F.struct("messages", "at_most", "before_first_snapshot", "exact", "first_offset", "last_offset",
+                      F.lit("TAG_FILTER").alias("cause"), "refused_by", "filters", "since", "until",
+                      ongoing)  # fmt: skip
     return found.select(*_anomaly("UNDELIVERED", [*QUEUE, "consumer_group", "since"], "since", detail, as_of))
 
 

@@ -7,10 +7,14 @@ a topic but was never snapshot (offsets read from a store alone) is taken to wan
 
 Status, first that holds:
 - DEAD_LETTERED: the group's consumers failed it until the broker parked a copy in `%DLQ%<group>`.
-- UNDELIVERED: the committed offset passed it while every filter that applied refused it (UNDELIVERED).
+- UNDELIVERED: the committed offset passed it while every filter that applied refused it (UNDELIVERED
+  `messages`).
+- POSSIBLY_UNDELIVERED: the committed offset passed it while some filter that may have applied refused it
+  and the snapshots cannot tell which applied (UNDELIVERED `at_most`, beyond `messages`): a hand-off or a new
+  table in the window, or a pass before the group's first snapshot.
 - CONSUMED: the group's committed offset is past it (after `retries` send-backs, if any).
 - PENDING: not passed yet; `pending_ms` is its age at `as_of` (the reconcile run's, in `reconcile_runs`).
-So for every group: stored and wanted = consumed + dead-lettered + undelivered + pending.
+So for every group: stored and wanted = consumed + dead-lettered + undelivered + possibly undelivered + pending.
 
 `duplicates_expected` counts the windows that deliver it to the group again: hand-offs whose new holder
 restarts below it (REDELIVERY_AT_HANDOFF) and committed offsets that went back past it (OFFSET_REGRESSION).
@@ -25,6 +29,7 @@ from transforms.consumers import QUEUE, Refusals, refused_messages, tag_matches
 from transforms.frames import union_all
 
 MESSAGE = [*QUEUE, "queue_offset"]
+LOST = ("UNDELIVERED", "POSSIBLY_UNDELIVERED")  # the statuses of messages a tag filter refused, or may have
 # The findings that deliver messages again, and where their window [low, high) is in their detail.
 REDELIVERING = {
     "REDELIVERY_AT_HANDOFF": ("from_offset", "to_offset"),
@@ -88,7 +93,7 @@ def deliveries(real_df: DataFrame, consumer_df: DataFrame, offset_commits_df: Da
         F.countDistinct(F.when(F.col("kind") == "retry", F.col("reconsume_times"))).alias("retries"),
         F.max((F.col("kind") == "dead_letter").cast("int")).cast("boolean").alias("dead"),
     )
-    lost = refused_messages(refused).withColumn("refused", F.lit(True))
+    lost = refused_messages(refused)
     windows = redelivery_windows(findings_df)
     again = (
         F.broadcast(windows).join(messages.select(*MESSAGE), on=QUEUE)
@@ -104,7 +109,8 @@ def deliveries(real_df: DataFrame, consumer_df: DataFrame, offset_commits_df: Da
     )
     status = (
         F.when(F.coalesce("dead", F.lit(False)), "DEAD_LETTERED")
-        .when(F.coalesce("refused", F.lit(False)), "UNDELIVERED")
+        .when(F.coalesce("certain", F.lit(False)), "UNDELIVERED")
+        .when(F.col("certain").isNotNull(), "POSSIBLY_UNDELIVERED")
         .when(F.col("queue_offset") < F.coalesce("committed", F.lit(-1)), "CONSUMED")
         .otherwise("PENDING")
     )
@@ -126,7 +132,7 @@ def changing(real_df: DataFrame, new_real_df: DataFrame, consumer_df: DataFrame,
       now (a group without a commit there: all of them), or from the first message new since: the pending
       ones, the ones passed since, and the ones passed again after an offset went back;
     - below it, the messages a copy, a tag filter's refusal or a redelivery window names now, or that
-      `stored_df` holds as undelivered or to be delivered again."""
+      `stored_df` holds as (possibly) undelivered or to be delivered again."""
     key = ["consumer_group", *QUEUE]
     wants = wanted(consumer_df, commits_df).select("consumer_group", "topic")
     then, now = (committed_offsets(c).withColumnRenamed("committed", n) for c, n in
@@ -152,7 +158,7 @@ def changing(real_df: DataFrame, new_real_df: DataFrame, consumer_df: DataFrame,
     )  # fmt: skip
     named = union_all([
         refused_messages(refused).select(*MESSAGE),
-        stored_df.where((F.col("status") == "UNDELIVERED") | (F.col("duplicates_expected") > 0)).select(*MESSAGE),
+        stored_df.where(F.col("status").isin(*LOST) | (F.col("duplicates_expected") > 0)).select(*MESSAGE),
     ]).distinct().withColumn("_named", F.lit(True))  # fmt: skip
     # A queue none of whose groups committed is absent from `lows`: all of it, if its topic is wanted.
     low = F.coalesce("low", F.when(F.col("_wanted"), F.lit(-1)))

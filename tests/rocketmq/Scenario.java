@@ -62,12 +62,13 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  *                                                                the broker parks them in %DLQ%CG_RETRY; "retried"
  *                                                                once they were tried 3 times, then every send and
  *                                                                attempt; ends when stdin closes
- * java Scenario tags  NAMESRV OUT COUNT                         TopicT read by CG_TAGS (member t1 with TagA, t2
- *                                                                with TagB 1.5 s later) and CG_OK (two with *);
- *                                                                "ready" once they run; "send" on stdin: COUNT
- *                                                                messages tagged TagA and TagB in turn, then every
- *                                                                message sent and received once both groups have
- *                                                                committed past all; ends when stdin closes
+ * java Scenario tags  NAMESRV OUT COUNT [TOPIC GROUP OK_GROUP] TOPIC (TopicT) read by GROUP (CG_TAGS: member t1
+ *                                                                with TagA, t2 with TagB 1.5 s later) and OK_GROUP
+ *                                                                (CG_OK: two with *); "ready" once they run; each
+ *                                                                "send" on stdin: COUNT more messages tagged TagA
+ *                                                                and TagB in turn, then those and every message
+ *                                                                received since once both groups have committed
+ *                                                                past all, and "tags_done"; ends when stdin closes
  * </pre>
  *
  * With -Dacl.accessKey=... -Dacl.secretKey=... every client signs its requests (AclClientRPCHook).
@@ -467,28 +468,30 @@ public final class Scenario {
         }
     }
 
-    static void tags(String namesrv, PrintWriter out, int count) throws Exception {
-        DefaultMQProducer p = new DefaultMQProducer("PG_TAGS", aclHook());
+    static void tags(String namesrv, PrintWriter out, int count, String topic, String tagsGroup, String okGroup)
+            throws Exception {
+        DefaultMQProducer p = new DefaultMQProducer("PG_" + tagsGroup, aclHook());
         p.setNamesrvAddr(namesrv);
-        p.setInstanceName("tags");
+        p.setInstanceName(tagsGroup);
         p.start();
         for (int i = 0; i < 4; i++) {  // the topic exists before the members subscribe; nobody's tag
-            p.send(new Message("TopicT", "seed", "T-seed-" + i, new byte[10]));
+            p.send(new Message(topic, "seed", topic + "-seed-" + i, new byte[10]));
         }
         List<String> received = java.util.Collections.synchronizedList(new ArrayList<>());
         List<DefaultMQPushConsumer> members = new ArrayList<>();
-        String[][] plan = {{"CG_TAGS", "t1", "TagA"}, {"CG_TAGS", "t2", "TagB"}, {"CG_OK", "ok1", "*"},
-                           {"CG_OK", "ok2", "*"}};
+        String[][] plan = {{tagsGroup, "t1", "TagA"}, {tagsGroup, "t2", "TagB"}, {okGroup, "ok1", "*"},
+                           {okGroup, "ok2", "*"}};
         for (String[] m : plan) {
             DefaultMQPushConsumer c = new DefaultMQPushConsumer(m[0], aclHook());
             c.setNamesrvAddr(namesrv);
-            c.setInstanceName(m[1]);
+            c.setInstanceName(m[0] + "-" + m[1]);
             c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
-            c.subscribe("TopicT", m[2]);
+            c.subscribe(topic, m[2]);
             c.registerMessageListener((MessageListenerConcurrently) (msgs, ctx) -> {
                 for (MessageExt x : msgs) {
                     received.add("{\"kind\":\"received\",\"group\":\"" + m[0] + "\",\"member\":\"" + m[1]
-                        + "\",\"key\":\"" + x.getKeys() + "\",\"queue_id\":" + x.getQueueId() + "}");
+                        + "\",\"key\":\"" + x.getKeys() + "\",\"queue_id\":" + x.getQueueId()
+                        + ",\"queue_offset\":" + x.getQueueOffset() + "}");
                 }
                 return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
             });
@@ -502,29 +505,31 @@ public final class Scenario {
             out.flush();
         }
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
-        if (!"send".equals(in.readLine())) {
-            throw new IOException("expected send");
-        }
-        List<String> sent = new ArrayList<>();
-        for (int i = 0; i < count; i++) {
-            String tag = i % 2 == 0 ? "TagA" : "TagB";
-            SendResult r = p.send(new Message("TopicT", tag, "T-" + i, new byte[10]));
-            sent.add("{\"kind\":\"tagged\",\"key\":\"T-" + i + "\",\"tag\":\"" + tag + "\",\"queue_id\":"
-                + r.getMessageQueue().getQueueId() + "}");
-        }
-        for (String group : new String[] {"CG_TAGS", "CG_OK"}) {
-            awaitDrained(namesrv, group, "TopicT", 60_000);
-        }
-        synchronized (out) {
-            sent.forEach(out::println);
-            synchronized (received) {
-                received.forEach(out::println);
+        int n = 0;
+        for (String line = in.readLine(); line != null; line = in.readLine()) {
+            if (!line.equals("send")) {
+                throw new IOException("expected send, got " + line);
             }
-            out.println("{\"kind\":\"tags_done\"}");
-            out.flush();
-        }
-        while (in.readLine() != null) {
-            // until the test has taken its last snapshot
+            List<String> sent = new ArrayList<>();
+            for (int end = n + count; n < end; n++) {
+                String tag = n % 2 == 0 ? "TagA" : "TagB";
+                SendResult r = p.send(new Message(topic, tag, topic + "-" + n, new byte[10]));
+                sent.add("{\"kind\":\"tagged\",\"key\":\"" + topic + "-" + n + "\",\"tag\":\"" + tag
+                    + "\",\"queue_id\":" + r.getMessageQueue().getQueueId() + ",\"queue_offset\":"
+                    + r.getQueueOffset() + "}");
+            }
+            for (String group : new String[] {tagsGroup, okGroup}) {
+                awaitDrained(namesrv, group, topic, 60_000);
+            }
+            synchronized (out) {
+                sent.forEach(out::println);
+                synchronized (received) {
+                    received.forEach(out::println);
+                    received.clear();
+                }
+                out.println("{\"kind\":\"tags_done\"}");
+                out.flush();
+            }
         }
         for (DefaultMQPushConsumer c : members) {
             c.shutdown();
@@ -689,7 +694,8 @@ public final class Scenario {
                     retry(args[1], out, Integer.parseInt(args[3]), Integer.parseInt(args[4]));
                     break;
                 case "tags":
-                    tags(args[1], out, Integer.parseInt(args[3]));
+                    tags(args[1], out, Integer.parseInt(args[3]), args.length > 4 ? args[4] : "TopicT",
+                         args.length > 4 ? args[5] : "CG_TAGS", args.length > 4 ? args[6] : "CG_OK");
                     break;
                 case "send":
                     sendPlain(args[1], out, args[3], Integer.parseInt(args[4]), args.length > 5);
