@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: setup jars rocketmq browser promtool airflow package lint test run bench bench-sim bench-ingest bench-reconcile \
-	bench-export bench-collect bench-serve clean
+	bench-export bench-collect bench-serve fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,13 @@ package: setup
 TEST_WORKERS ?= 2
 test: lint browser promtool airflow rocketmq
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
+
+# Longer fuzz campaigns than the suite's: FUZZ_EXAMPLES mutated inputs for each decoder of outside bytes
+# (tests/fuzz.py), minutes per decoder. An input that fails is saved under tests/data/fuzz/<decoder>/, and
+# the suite replays every saved input from then on.
+FUZZ_EXAMPLES ?= 100000
+fuzz: setup
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SAVE=1 $(BIN)/pytest tests/test_fuzz.py -q --durations=0
 
 # The main job: simulate the default profile (100,000 transactions) into landing/demo, ingest,
 # reconcile, check data quality, write the dashboard, and score the anomalies against the model's truth.

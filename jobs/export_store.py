@@ -93,6 +93,18 @@ class Stop:
 
 def _messages(files: list[tuple[int, Path]], position: int, summary: Summary) -> Iterator[Message | Stop]:
     """Messages from `position` on across file boundaries, then where to resume next time."""
+
+    def went_on(i: int) -> bool:
+        """Whether the writer went on past file `i`: the next file starts with a record. (The broker creates
+        the next files ahead of time, zeros until it writes there.)"""
+        if i + 1 == len(files):
+            return False
+        try:
+            with open(files[i + 1][1], "rb") as f:
+                return f.read(8).strip(b"\0") != b""
+        except OSError:
+            return False
+
     for i, (start, path) in enumerate(files):
         if i + 1 < len(files) and position >= files[i + 1][0]:
             continue
@@ -118,18 +130,31 @@ def _messages(files: list[tuple[int, Path]], position: int, summary: Summary) ->
                 elif isinstance(entry, Corrupt):
                     summary.corrupt += 1
                     where = f"{path}: position {entry.position}: {entry.reason}"
-                    if entry.resumed_at is None:
+                    if entry.resumed_at is None and not went_on(i):
                         yield Stop(
                             entry.position,
                             f"{where}; no readable record follows in this file, so the "
                             f"export stops here (what came before it is written)",
                         )
                         return
-                    log.warning("%s; skipped %d bytes to the next record", where, entry.resumed_at - entry.position)
-                    position = entry.resumed_at
+                    # The next record, or the next file: the writer went on there.
+                    resume = entry.resumed_at if entry.resumed_at is not None else files[i + 1][0]
+                    log.warning("%s; skipped %d bytes to %s", where, resume - entry.position,
+                                "the next record" if entry.resumed_at is not None else "the next file")  # fmt: skip
+                    position = resume
+                    if entry.resumed_at is None:
+                        break
                 elif isinstance(entry, FileEnd):
                     position = start + len(buf)  # the writer went on in the next file
                 elif isinstance(entry, DataEnd):
+                    if went_on(i):  # zeros where the file should go on: a span lost, not the end of the data
+                        if entry.position < start + len(buf):
+                            summary.corrupt += 1
+                            log.warning("%s: position %d: %d zero bytes to the end of the file; skipped to the "
+                                        "next file, where the writer went on", path, entry.position,
+                                        start + len(buf) - entry.position)  # fmt: skip
+                        position = files[i + 1][0]
+                        break
                     if entry.incomplete:
                         log.info("the record at %d is still being written; the next run reads it", entry.position)
                     yield Stop(entry.position)
@@ -284,11 +309,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
         started_at = state.position
         stop = _export_commitlog(store, landing, broker, state, summary)
         state.position = stop.position
-        if stop.error is not None:
-            state.save(state_path)  # what came before the corrupt record stays exported
-            raise TxnReconError(stop.error)
         _export_offsets(store, landing, broker, state, summary)
-        state.save(state_path)
+        state.save(state_path)  # what came before a corrupt record stays exported
+        if stop.error is not None:
+            raise TxnReconError(stop.error)
     skipped = ", ".join(f"{t} {n}" for t, n in sorted(summary.skipped.items())) or "none"
     print(
         f"export-store {broker}: commit log {started_at} -> {state.position}; records: "

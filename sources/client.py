@@ -24,9 +24,10 @@ tools send (apache/rocketmq 5.3.3):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,20 +158,44 @@ def _json(conn: Connection, answer: Command, what: str) -> Any:
         raise RemotingError(f"{conn.address}: unreadable {what} ({e})") from None
 
 
+@contextlib.contextmanager
+def _shaped(address: str, what: str) -> Iterator[None]:
+    """An answer that is JSON, but not shaped as RocketMQ writes it (a field missing, of another type), is as
+    unreadable as one that is not JSON: a RemotingError naming it, never another exception."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise RemotingError(f"{address}: unreadable {what} ({type(e).__name__}: {e})") from None
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{value!r} is not text")
+    return value
+
+
+def _optional_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
+
 def master_brokers(conn: Connection) -> dict[str, tuple[str, str]]:
     """brokerName -> (the master's address (brokerId 0), its cluster), from the name server's cluster table
     (ClusterInfo.brokerAddrTable). A broker without a master (it is down, or failing over) is left out."""
     answer = _ok(conn, conn.call(remoting.GET_BROKER_CLUSTER_INFO), "its cluster table")
-    table = _json(conn, answer, "cluster table").get("brokerAddrTable") or {}
-    return {name: (data["brokerAddrs"]["0"], data.get("cluster", "")) for name, data in table.items()
-            if "0" in (data.get("brokerAddrs") or {})}  # fmt: skip
+    doc = _json(conn, answer, "cluster table")
+    with _shaped(conn.address, "cluster table"):
+        table = doc.get("brokerAddrTable") or {}
+        return {_text(name): (_text(data["brokerAddrs"]["0"]), _text(data.get("cluster", "")))
+                for name, data in table.items() if "0" in (data.get("brokerAddrs") or {})}  # fmt: skip
 
 
 def topic_queues(conn: Connection) -> dict[str, int]:
     """topic -> its read queue count on this broker (TopicConfigSerializeWrapper.topicConfigTable)."""
     answer = _ok(conn, conn.call(remoting.GET_ALL_TOPIC_CONFIG), "its topic list")
-    table = _json(conn, answer, "topic list").get("topicConfigTable") or {}
-    return {topic: int(cfg.get("readQueueNums", 0)) for topic, cfg in table.items()}
+    doc = _json(conn, answer, "topic list")
+    with _shaped(conn.address, "topic list"):
+        table = doc.get("topicConfigTable") or {}
+        return {_text(topic): int(cfg.get("readQueueNums", 0)) for topic, cfg in table.items()}
 
 
 def consumer_offsets(conn: Connection) -> str:
@@ -185,7 +210,14 @@ def consumer_connections(conn: Connection, group: str) -> dict[str, Any] | None:
     answer = conn.call(remoting.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": group})
     if answer.code == remoting.CONSUMER_NOT_ONLINE:
         return None
-    return dict(_json(conn, _ok(conn, answer, f"the connections of group {group}"), "consumer connections"))
+    doc = _json(conn, _ok(conn, answer, f"the connections of group {group}"), "consumer connections")
+    with _shaped(conn.address, f"connections of group {group}"):  # the fields the snapshot reads
+        for member in doc.get("connectionSet") or []:
+            _text(member["clientId"])
+        for topic, sub in (doc.get("subscriptionTable") or {}).items():
+            _text(topic)
+            _optional_text(sub.get("subString"))
+        return dict(doc)
 
 
 @dataclass(frozen=True)
@@ -204,12 +236,17 @@ def consumer_running_info(conn: Connection, group: str, client_id: str) -> tuple
     answer = conn.call(remoting.GET_CONSUMER_RUNNING_INFO,
                        {"consumerGroup": group, "clientId": client_id, "jstackEnable": False})  # fmt: skip
     info = _json(conn, _ok(conn, answer, f"the running info of {client_id}"), "consumer running info")
-    held = []
-    for key, queue in (info.get("mqTable") or {}).items():
-        mq = json.loads(key)  # fastjson writes these map keys as objects (MessageQueue)
-        held.append(HeldQueue(mq["brokerName"], mq["topic"], int(mq["queueId"]), int(queue["commitOffset"]),
-                              bool(queue.get("droped"))))  # fmt: skip
-    return list(info.get("subscriptionSet") or []), sorted(held, key=lambda q: (q.broker_name, q.topic, q.queue_id))
+    with _shaped(conn.address, f"running info of {client_id}"):
+        held = []
+        for key, queue in (info.get("mqTable") or {}).items():
+            mq = json.loads(key)  # fastjson writes these map keys as objects (MessageQueue)
+            held.append(HeldQueue(_text(mq["brokerName"]), _text(mq["topic"]), int(mq["queueId"]),
+                                  int(queue["commitOffset"]), bool(queue.get("droped"))))  # fmt: skip
+        subscriptions = list(info.get("subscriptionSet") or [])
+        for sub in subscriptions:  # the fields the snapshot reads
+            _text(sub["topic"])
+            _optional_text(sub.get("subString"))
+    return subscriptions, sorted(held, key=lambda q: (q.broker_name, q.topic, q.queue_id))
 
 
 def pull_fields(group: str, topic: str, queue_id: int, offset: int) -> dict[str, Any]:
@@ -223,10 +260,11 @@ def send_pull(conn: Connection, group: str, topic: str, queue_id: int, offset: i
     return conn.send(remoting.PULL_MESSAGE, pull_fields(group, topic, queue_id, offset))
 
 
-def pull_result(answer: Command) -> PullResult:
+def pull_result(answer: Command, address: str = "the broker") -> PullResult:
     f = answer.fields
-    return PullResult(answer.code, _long(f.get("nextBeginOffset")), _long(f.get("minOffset")),
-                      _long(f.get("maxOffset")), answer.body, answer.remark)  # fmt: skip
+    with _shaped(address, "pull answer"):
+        return PullResult(answer.code, _long(f.get("nextBeginOffset")), _long(f.get("minOffset")),
+                          _long(f.get("maxOffset")), answer.body, answer.remark)  # fmt: skip
 
 
 def _long(text: str | None) -> int | None:
@@ -256,18 +294,19 @@ def read_by_index(conn: Connection, topic: str, queue_id: int, offset: int) -> P
         return PullResult(answer.code, None, None, None, b"", answer.remark)
     if not answer.body:  # the index is past the queue's end
         return PullResult(remoting.PULL_NOT_FOUND, offset, None, None, b"", answer.remark)
-    index = _json(conn, answer, f"the consume queue of {topic} queue {queue_id}")
-    low, high = int(index["minQueueIndex"]), int(index["maxQueueIndex"])
+    what = f"the consume queue of {topic} queue {queue_id}"
+    index = _json(conn, answer, what)
+    with _shaped(conn.address, what):
+        low, high = int(index["minQueueIndex"]), int(index["maxQueueIndex"])
+        entries = [int(e["physicOffset"]) for e in index.get("queueData") or []]
     if offset < low:  # retention deleted what we had not read: go on from the queue's start, as a pull says
         return PullResult(remoting.PULL_OFFSET_MOVED, low, low, high, b"", "the offset is below the queue's start")
-    entries = index.get("queueData") or []
-    sent = [conn.send(remoting.VIEW_MESSAGE_BY_ID, {"topic": topic, "offset": int(e["physicOffset"])})
-            for e in entries]  # fmt: skip
+    sent = [conn.send(remoting.VIEW_MESSAGE_BY_ID, {"topic": topic, "offset": e}) for e in entries]
     bodies = []
     for opaque, entry in zip(sent, entries, strict=True):
         view = conn.receive(opaque)
         if view.code != remoting.SUCCESS:
-            where = f"the message at commit-log offset {entry['physicOffset']} of {topic} queue {queue_id}"
+            where = f"the message at commit-log offset {entry} of {topic} queue {queue_id}"
             return PullResult(view.code, None, None, None, b"", f"{where}: {first_line(view.remark)}")
         bodies.append(view.body)
     return PullResult(remoting.SUCCESS, offset + len(entries), low, high, b"".join(bodies), None)

@@ -371,7 +371,11 @@ def _pull_all(conn: Connection, group: str, broker: str, queues: list[QueueId], 
                 for q in active[i : i + _IN_FLIGHT]
             ]  # fmt: skip
             for queue, pending in sent:
-                result = pending if isinstance(pending, PullResult) else client.pull_result(conn.receive(pending))
+                result = (
+                    pending
+                    if isinstance(pending, PullResult)
+                    else client.pull_result(conn.receive(pending), conn.address)
+                )
                 if _apply(result, queue, broker, state, streams, routes, run, retries, conn):
                     still.append(queue)
         active = still

@@ -125,32 +125,45 @@ def _decode(buf: Buffer, view: memoryview, at: int, base: int, keep_body: frozen
         return f"bad magic code {magic & 0xFFFFFFFF:#010x}"
     if size < MIN_SIZE or at + size > end:
         return f"bad length {size}"
+    # Every read from here on stays within the record: a corrupt length says so, and never reads past it.
+    stop = at + size
     p = at + 88
     if sys_flag & (BORNHOST_V6 | STOREHOST_V6):  # an IPv6 host shifts every later field
         _, _, body_crc, queue_id, flag, queue_offset, physical, sys_flag, born_ts = _HEAD.unpack_from(buf, at)
         p = at + 48 + (20 if sys_flag & BORNHOST_V6 else 8)
+        if p + 8 + (20 if sys_flag & STOREHOST_V6 else 8) + 16 > stop:
+            return f"bad length {size} for IPv6 hosts"
         store_ts = _LONG.unpack_from(buf, p)[0]
         p += 8 + (20 if sys_flag & STOREHOST_V6 else 8)
         reconsume, prepared, body_len = _TAIL.unpack_from(buf, p)
         p += 16
-    if body_len < 0 or p + body_len > at + size:
+    topic_width = 1 if magic == MAGIC_V1 else 2
+    if body_len < 0 or p + body_len + topic_width > stop:
         return f"bad body length {body_len}"
     if zlib.crc32(view[p : p + body_len]) & 0x7FFFFFFF != body_crc:
         return "body CRC mismatch"
     body_at = p
     p += body_len
-    if magic == MAGIC_V1:
-        topic_len = buf[p]
-        p += 1
-    else:
-        topic_len = _SHORT.unpack_from(buf, p)[0]
-        p += 2
+    topic_len = buf[p] if magic == MAGIC_V1 else _SHORT.unpack_from(buf, p)[0]
+    p += topic_width
+    if topic_len < 0 or p + topic_len + 2 > stop:
+        return f"bad topic length {topic_len}"
     raw = buf[p : p + topic_len]
-    topic = _TOPICS.get(raw) or _TOPICS.setdefault(raw, raw.decode("utf-8", "replace"))
+    if b"\0" in raw:
+        return "zero bytes in the topic"
+    topic = _TOPICS.get(raw)
+    if topic is None:
+        topic = raw.decode("utf-8", "replace")
+        if len(_TOPICS) < 10_000:  # a corrupt store must not grow the cache without end
+            _TOPICS[raw] = topic
     p += topic_len + 2
-    if p + _SHORT.unpack_from(buf, p - 2)[0] != at + size:
-        return f"bad properties length {_SHORT.unpack_from(buf, p - 2)[0]}"
-    props = buf[p : at + size].decode("utf-8", "replace")
+    props_len = _SHORT.unpack_from(buf, p - 2)[0]
+    if p + props_len != stop:
+        return f"bad properties length {props_len}"
+    raw_props = buf[p:stop]
+    if b"\0" in raw_props:  # no client writes them, and no CRC covers the properties: a page lost to zeros
+        return "zero bytes in the properties"
+    props = raw_props.decode("utf-8", "replace")
     body = buf[body_at : body_at + body_len] if topic in keep_body else None
     return Message(at + base, size, queue_id, flag, queue_offset, physical, sys_flag, born_ts, store_ts, reconsume,
                    prepared, body_len, topic, props, body)  # fmt: skip
@@ -190,19 +203,26 @@ def scan(
 
     Ends with `FileEnd` (the blank record), `DataEnd` (zeros: nothing written yet; or a last record whose
     bytes are still arriving, with only zeros behind it) or the end of the buffer (`DataEnd` too). A
-    corrupt record is reported and the walk resumes at the next record that decodes.
+    corrupt record, or a span of zeros with a record after it, is reported and the walk resumes at the next
+    record that decodes.
     """
     at, end = start, len(buf)
     with memoryview(buf) as view:  # released when the walk ends or its consumer closes it
         while at + 8 <= end:
             size, magic = _SIZE_MAGIC.unpack_from(buf, at)
-            if magic == BLANK_MAGIC:
+            if magic == BLANK_MAGIC and size == end - at:  # the broker sizes it to the file's end
                 yield FileEnd(at + base)
                 return
             if size == 0 and magic == 0:
-                yield DataEnd(at + base)
-                return
-            decoded = _decode(buf, view, at, base, keep_body)
+                resume = _resync(buf, at, base, keep_body)
+                if resume is None:
+                    yield DataEnd(at + base)
+                    return
+                # Zeros with records after them: a page lost in the middle, not the end of what was written.
+                yield Corrupt(at + base, f"{resume - at} zero bytes before the next record", resume + base)
+                at = resume
+                continue
+            decoded = "bad blank record" if magic == BLANK_MAGIC else _decode(buf, view, at, base, keep_body)
             if isinstance(decoded, Message):
                 yield decoded
                 at += decoded.size

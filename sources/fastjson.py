@@ -25,10 +25,14 @@ def loads(text: str) -> Any:
     keys (`object_key` builds the same from a dict)."""
     try:
         return json.loads(text)
+    except RecursionError:
+        raise FastjsonError("nested too deeply") from None
     except ValueError:
         pass
     try:
         value, end = _value(text, _skip(text, 0))
+    except RecursionError:
+        raise FastjsonError("nested too deeply") from None
     except (IndexError, ValueError) as e:
         raise FastjsonError(str(e) or "unexpected end") from None
     if _skip(text, end) != len(text):

@@ -121,9 +121,12 @@ def decode(frame: bytes) -> Command:
         try:
             doc = json.loads(header)
             ext = doc.get("extFields") or {}
+            remark = doc.get("remark")
+            if remark is not None and not isinstance(remark, str):
+                raise TypeError(f"remark {remark!r} is not text")
             return Command(int(doc["code"]), int(doc.get("opaque", 0)), {str(k): str(v) for k, v in ext.items()},
-                           body, doc.get("remark"), int(doc.get("flag", 0)))  # fmt: skip
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+                           body, remark, int(doc.get("flag", 0)))  # fmt: skip
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             raise ProtocolError(f"bad JSON header ({type(e).__name__}: {e})") from None
     if kind == ROCKETMQ_TYPE:
         return _decode_binary(header, body)
@@ -142,7 +145,7 @@ def _decode_binary(header: bytes, body: bytes) -> Command:
             key, p = _string(header, p, 2)
             value, p = _string(header, p, 4)
             ext[key or ""] = value or ""
-    except struct.error as e:
+    except (struct.error, UnicodeDecodeError) as e:
         raise ProtocolError(f"bad binary header ({e})") from None
     return Command(code, opaque, ext, body, remark, flag)
 

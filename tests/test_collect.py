@@ -1,8 +1,9 @@
 """`txn-recon collect` against a real RocketMQ 5.3.3 broker with ACL on: signed requests are accepted and a
 wrong secret gets one clear line; a collector killed in the middle of a pass and run again ends with the
 same bronze, after ingest, as an uninterrupted one; one stopped by SIGTERM in the middle of a pass ends it
-there, exits 0 and loses nothing. (The scenario collected live, and a broker restart
-under a running collector, are in tests/test_real_broker.py.)
+there, exits 0 and loses nothing; one reading through a faulty network goes on past every fault and lands
+what export-store lands. (The scenario collected live, and a broker restart under a running collector, are
+in tests/test_real_broker.py.)
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
 from jobs.cli import main
 from jobs.config import Config
-from tests.rocketmq.cluster import BrokerSettings, RocketMQ, compile_driver, run_driver
+from tests.rocketmq.cluster import BrokerSettings, RocketMQ, compile_driver, run_driver, wait_for
+from tests.rocketmq.faults import Blackhole, FaultProxy, with_body
 from tests.test_ingest import fresh_db, ingest, landed, rows
 
 ACL = ("txnrecon", "s3cret-Key-42")
@@ -34,6 +37,7 @@ BULK = 30_000
 class Broker:
     rmq: RocketMQ
     root: Path
+    classes: Path
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +46,13 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     classes = compile_driver(root / "classes")
     # No check pass in this module (the interval is an hour): the store stays as the driver left it, so
     # collections at different times must land the same records.
-    with RocketMQ(root, BrokerSettings(check_interval_ms=3_600_000), acl=ACL) as rmq:
+    # The broker listens on 127.0.0.1 alone, so a fault proxy can take its port on 127.0.0.2.
+    with RocketMQ(
+        root, BrokerSettings(check_interval_ms=3_600_000), acl=ACL, extra_conf=("bindAddress=127.0.0.1",)
+    ) as rmq:
         for phase, args in (("young", ()), ("bulk", (str(BULK),))):
             run_driver(classes, phase, rmq.namesrv, root / "truth.jsonl", *args, home=root / "client", acl=ACL)
-        yield Broker(rmq, root)
+        yield Broker(rmq, root, classes)
 
 
 def collect(broker: Broker, landing: Path, keys: tuple[str, str] | None, capsys: pytest.CaptureFixture[str],
@@ -137,3 +144,101 @@ def test_sigterm_mid_pass_stops_cleanly_and_loses_nothing(broker: Broker, tmp_pa
     code, out = collect(broker, landing, ACL, capsys, monkeypatch)
     assert code == 0, out
     assert Counter(r["topic"] for r in landed(landing / "real"))["BulkTopic"] == BULK  # nothing lost, nothing twice
+
+
+def _passes(landing: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for f in sorted((landing / "_collect" / "runs").glob("*.jsonl"))
+            for line in f.read_text().splitlines()]  # fmt: skip
+
+
+def _whole_files(landing: Path) -> None:
+    """Every landing file ingest can see is whole: each line a JSON record, the last one ended."""
+    for path in landing.glob("*/*.jsonl"):
+        text = path.read_text()
+        assert text.endswith("\n"), path
+        for line in text.splitlines():
+            json.loads(line)
+
+
+def test_collect_through_a_faulty_network_goes_on_and_loses_nothing(broker: Broker, tmp_path: Path) -> None:
+    """Issue 45: `collect --every 1` reads the name server and the broker through fault proxies: answers held
+    past its timeout, a connection reset in the middle of a pull answer, a pull answer cut short, a broker
+    that accepts and never answers, and a name server that lists a broker which never answers. Messages
+    arrive during each fault. Each failure is one line and the collector goes on; once the faults clear,
+    its landing holds what export-store lands from the same store, each record once, and no half-written
+    file was ever visible."""
+    rmq, landing = broker.rmq, tmp_path / "faulty"
+    real, proxied = f"127.0.0.1:{rmq.broker_port}", f"127.0.0.2:{rmq.broker_port}"
+    to_broker = FaultProxy(("127.0.0.2", rmq.broker_port), ("127.0.0.1", rmq.broker_port), delay_s=3)
+    ghost = Blackhole()
+    listing = {"ghost": False}
+    entry = b'"broker-ghost":{"brokerAddrs":{0:"%s"},"brokerName":"broker-ghost","cluster":"DefaultCluster"},'
+
+    def route(frame: bytes) -> bytes:
+        """The broker at its proxy's address; and, while `listing["ghost"]`, a second broker that hangs."""
+        frame = frame.replace(real.encode(), proxied.encode())
+        if listing["ghost"] and b'"brokerAddrTable":{' in frame:
+            add = entry % ghost.address.encode()
+            frame = with_body(frame, lambda body: body.replace(b'"brokerAddrTable":{', b'"brokerAddrTable":{' + add))
+        return frame
+
+    to_namesrv = FaultProxy(("127.0.0.1", 0), ("127.0.0.1", rmq.namesrv_port), rewrite=route)
+    conf = tmp_path / "collect.yaml"
+    conf.write_text("collect:\n  timeout_s: 2\n")
+    env = dict(os.environ, TXN_RECON_ACCESS_KEY=ACL[0], TXN_RECON_SECRET_KEY=ACL[1])
+    cmd = [sys.executable, "-m", "jobs.collect", "--namesrv", to_namesrv.address, "--landing", str(landing),
+           "--every", "1", "--conf", str(conf)]  # fmt: skip
+    log = tmp_path / "collector.log"
+    sent = 0
+
+    def passes_after(n: int) -> None:
+        def seen() -> bool:
+            return any(r["status"] == "ok" for r in _passes(landing)[n:] if r["broker_name"] == "broker-a")
+
+        wait_for(seen, "a whole pass of broker-a", timeout_s=90)
+
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    # Each fault, and what the pass it fails says.
+    faults = {"slow": "no answer within 2 s", "reset": "Connection reset", "cut": "connection was closed mid-answer",
+              "silent": "no answer within 2 s", "ghost": f"{ghost.address}: no answer within 2 s"}  # fmt: skip
+    try:
+        passes_after(0)
+        for fault, says in faults.items():
+            n, touched = len(_passes(landing)), to_broker.faults
+            if fault == "ghost":
+                listing["ghost"] = True
+            else:
+                to_broker.mode = fault
+            run_driver(broker.classes, "send", rmq.namesrv, tmp_path / "sent.jsonl", "FaultTopic", "200",
+                       home=broker.root / "client", acl=ACL)  # fmt: skip
+            sent += 200
+            if fault != "ghost":
+                wait_for(lambda: to_broker.faults > touched, f"the {fault} fault to touch an answer")  # noqa: B023
+            try:
+                wait_for(lambda: any(says in e for r in _passes(landing)[n:] for e in r["errors"]),  # noqa: B023
+                         f"a pass failed by the {fault} fault", timeout_s=90)  # fmt: skip
+            except AssertionError as e:
+                raise AssertionError(f"{e}: {[r['errors'] for r in _passes(landing)[n:]]}") from None
+            _whole_files(landing)
+            listing["ghost"], to_broker.mode = False, "pass"
+            passes_after(len(_passes(landing)))
+        assert proc.poll() is None, "the collector must go on through every fault"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        to_broker.close()
+        to_namesrv.close()
+        ghost.close()
+    assert to_broker.faults > 0
+    output = log.read_text()
+    assert "Traceback" not in output, output[-3000:]
+    errors = [e for r in _passes(landing) for e in r["errors"]]
+    assert all("\n" not in e for e in errors), errors
+
+    exported = tmp_path / "exported"
+    assert main(["export-store", "--store", str(rmq.store), "--landing", str(exported),
+                 "--broker-name", rmq.broker_name]) == 0  # fmt: skip
+    for stream in ("half", "op", "real"):
+        assert landed(landing / stream) == landed(exported / stream), stream
+    assert Counter(r["topic"] for r in landed(landing / "real"))["FaultTopic"] == sent

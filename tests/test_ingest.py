@@ -6,6 +6,7 @@ import dataclasses
 import datetime as dt
 import gzip
 import json
+import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from schemas.landing import HALF, HALF_TOPIC, ROCKSDB_HALF_TOPIC
 from schemas.model import Schema
 from schemas.spark import to_struct
 from sources.collector import BrokerRun, write_runs
+from tests.fuzz import apply, random_edits
 
 pytestmark = pytest.mark.spark
 NOW = dt.datetime(2026, 11, 20, 12, 0, 0)
@@ -281,6 +283,46 @@ def test_bad_input_is_quarantined_with_reasons(spark: SparkSession, config: Conf
     again = ingest(spark, cfg, landing, "run-bad-2")
     assert all(t.files == 0 for t in again.values())
     assert spark.table(cfg.table("quarantine")).count() == 11
+
+
+def test_mutated_landing_files_land_every_record_as_a_row_or_a_quarantine(spark: SparkSession, config: Config,
+                                                                          tmp_path: Path) -> None:  # fmt: skip
+    """Issue 45, ingest's validation fuzzed: the model's JSON Lines of every stream, each line edited as
+    tests/fuzz.py edits bytes (flips, cuts, inserts, 4-byte fields, dropped tails; seeded), and Parquet files
+    with bytes flipped. Whatever the bytes, every line is read and becomes a row or a quarantine row with
+    its reason, and a file that cannot be read at all is one quarantine row: nothing lost, no failure."""
+    rng = random.Random(45)
+    landing = tmp_path / "landing"
+    make_landing(landing, n=60, per_file=100_000)
+    lines: dict[str, int] = {}
+    for stream in LANDING:
+        for path in sorted((landing / stream).glob("*.jsonl")):
+            edited = []
+            for line in path.read_bytes().splitlines():
+                if rng.random() < 0.5:
+                    line = apply(line, random_edits(rng)).replace(b"\n", b" ").replace(b"\r", b" ")
+                edited.append(line)
+            path.write_bytes(b"\n".join(edited) + b"\n")
+            lines[stream] = lines.get(stream, 0) + len(edited)
+    parquet = tmp_path / "parquet"
+    make_landing(parquet, n=20, fmt="parquet")
+    broken = []
+    for stream in ("half", "real"):
+        for path in sorted((parquet / stream).glob("*.parquet"))[:1]:
+            target = landing / stream / f"broken-{path.name}"
+            target.write_bytes(apply(path.read_bytes(), random_edits(rng, most=3)))
+            broken.append(target.name)
+
+    cfg = fresh_db(spark, config, "t_ingest_fuzz")
+    tallies = ingest(spark, cfg, landing, "run-fuzz")
+    for stream, n in lines.items():  # (ingest() checks read = inserted + duplicates + quarantined)
+        t = tallies[stream]
+        # Every line is read; a broken Parquet file adds its rows, or one quarantine row if it cannot be read.
+        assert t.read == n if stream not in ("half", "real") else t.read > n, (stream, t, n)
+    assert sum(t.quarantined for t in tallies.values()) > 0
+    reasons = spark.table(cfg.table("quarantine")).select("stream", "reason").collect()
+    assert all(r["reason"] for r in reasons)
+    assert sum(t.inserted for t in tallies.values()) > 0
 
 
 def test_an_op_may_arrive_before_its_half(spark: SparkSession, config: Config, tmp_path: Path) -> None:

@@ -16,6 +16,8 @@ import contextlib
 import dataclasses
 import io
 import json
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,10 +32,12 @@ from pyspark.sql import SparkSession
 
 from jobs.cli import main
 from jobs.config import Config
+from jobs.export_store import commitlog_files
 from jobs.reconcile import reconcile
 from jobs.report import _collect_runs as report_collect_runs
 from sources.collector import _iso as collect_time
 from sources.collector import _now as now
+from sources.commitlog import Message, scan
 from tests.rocketmq.cluster import BrokerSettings, RocketMQ, compile_driver, run_driver, wait_for
 from tests.rocketmq.truth import expected
 from tests.test_ingest import fresh_db, ingest, landed, rows
@@ -222,3 +226,82 @@ def test_pipeline_matches_what_the_broker_did(spark: SparkSession, scenario: Sce
     # the walk first (seen: 9 ms and about 2 s on an idle machine, more under load). The model does the same.
     gaps = [r["discard_ts"] - r["last_copy_ts"] for r in life.values() if r["discard_ts"] is not None]
     assert gaps and min(gaps) >= 0, gaps
+
+
+def test_a_corrupt_store_loses_its_damaged_spans_and_nothing_else(
+    spark: SparkSession,
+    config: Config,
+    scenario: Scenario,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 45: a copy of the broker's store with a bit flipped in the body of a record in each of its first
+    two commit-log files, a page of zeros in the middle of the third, and its last written file cut in the
+    middle of a record. export-store reports each damaged span in one line with its physical offset and lands
+    every other record: what a clean export lands, less exactly the records the damage touches. Ingest and
+    reconcile then run clean."""
+    clean, damaged = tmp_path / "clean", tmp_path / "damaged"
+    shutil.copytree(scenario.broker.store, damaged / "store")
+    export(scenario.broker.store, clean, scenario.broker.broker_name)
+    # The files written so far (the broker makes the next ones ahead of time, zeros until it writes there).
+    files = [(start, path) for start, path in commitlog_files(damaged / "store" / "commitlog")
+             if path.read_bytes()[:8].strip(b"\0")]  # fmt: skip
+    assert len(files) >= 4, files
+    records = [m for start, path in files for m in scan(path.read_bytes(), start) if isinstance(m, Message)]
+    spans: list[tuple[int, int]] = []  # [from, to): the physical offsets each damage covers
+    before = {start: path.read_bytes() for start, path in files}
+
+    def rewrite(start: int, path: Path, at: int, data: bytes) -> None:
+        buf = bytearray(path.read_bytes())
+        buf[at - start : at - start + len(data)] = data
+        path.write_bytes(bytes(buf))
+
+    for start, path in files[:2]:  # a bit of a body: its CRC no longer holds
+        m = next(m for m in records if m.position > start + 1024 and m.body_size > 0)
+        body_at = m.position + m.size - len(m.properties.encode()) - 2 - len(m.topic.encode()) - 1 - m.body_size
+        rewrite(start, path, body_at, bytes([path.read_bytes()[body_at - start] ^ 0x10]))
+        spans.append((body_at, body_at + 1))
+    start, path = files[2]
+    rewrite(start, path, start + 8192, bytes(4096))  # a page lost in the middle of a file
+    spans.append((start + 8192, start + 8192 + 4096))
+    start, path = files[-1]
+    cut = [m for m in records if m.position >= start][-3]
+    with open(path, "r+b") as f:  # the last written file, cut short in the middle of a record
+        f.truncate(cut.position - start + cut.size // 2)
+    spans.append((cut.position + cut.size // 2, start + path.stat().st_size + (1 << 40)))
+    # The records whose bytes changed (a zero written over a zero changes nothing), and for each damaged span
+    # the first of them: where the scan finds it.
+    now = {start: path.read_bytes() for start, path in files}
+
+    def changed(m: Message) -> bool:
+        start = max(s for s in now if s <= m.position)
+        at = m.position - start
+        return now[start][at : at + m.size] != before[start][at : at + m.size]
+
+    lost = [m for m in records if changed(m)]
+    assert len(lost) > 4 and len(lost) < len(records) // 2, (len(lost), len(records))
+    firsts = [next(m.position for m in lost if m.position < b and a < m.position + m.size) for a, b in spans]
+
+    landing = damaged / "landing"
+    args = ["export-store", "--store", str(damaged / "store"), "--landing", str(landing),
+            "--broker-name", scenario.broker.broker_name]  # fmt: skip
+    with caplog.at_level("WARNING", logger="jobs.export_store"):
+        assert main(args) == 2  # the cut record ends the data: one line says where, and all before it is landed
+    error = capsys.readouterr().err.strip()
+    reported = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] + [error]
+    assert all("\n" not in line for line in reported), reported
+    positions = [int(found[1]) for found in (re.search(r"position (\d+)", line) for line in reported) if found]
+    assert positions == firsts, reported
+
+    gone = {m.position for m in lost}
+    for stream in ("half", "op", "real"):
+        whole = landed(clean / stream)
+        assert landed(landing / stream) == [r for r in whole if r["commit_log_offset"] not in gone], stream
+    assert landed(landing / "offset") == landed(clean / "offset")
+
+    cfg = fresh_db(spark, config, "t_real_broker_corrupt")
+    tallies = ingest(spark, cfg, landing, "real-broker-corrupt")
+    assert all(t.quarantined == 0 for t in tallies.values()), tallies
+    reconcile(spark, cfg)
+    assert spark.table(cfg.table("txn_lifecycle")).count() > 0
