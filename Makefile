@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: setup jars rocketmq browser promtool airflow package lint test run bench bench-sim bench-ingest bench-reconcile \
-	bench-export bench-collect bench-serve fuzz clean
+	bench-export bench-collect bench-serve fuzz docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,9 +65,14 @@ airflow: $(AIRFLOW_VENV)/.installed-stamp
 package: setup
 	$(BIN)/python -m jobs.package
 
+# The documentation site, strictly (a broken link or anchor fails): docs/ and the reference generated from
+# the code (docs/hooks.py) into site/, which `txn-recon serve` serves at /docs/.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 # Two workers, one test file each at a time, the longest files first (tests/conftest.py).
 TEST_WORKERS ?= 2
-test: lint browser promtool airflow rocketmq
+test: lint browser promtool airflow rocketmq docs
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
 # Longer fuzz campaigns than the suite's: FUZZ_EXAMPLES mutated inputs for each decoder of outside bytes

@@ -11,6 +11,7 @@ import json
 from collections.abc import Sequence
 from html import escape
 from typing import Any
+from urllib.parse import quote
 
 from dashboard.charts import stacked_bars, time_label, timeline
 from schemas.quality import ANOMALY_TYPES, DELIVERY_STATUSES
@@ -22,7 +23,8 @@ body { font: 14px/1.4 system-ui, sans-serif; margin: 0 24px 48px; color: #222; }
 h1 { font-size: 22px; margin: 20px 0 4px; } h2 { font-size: 17px; margin: 32px 0 8px; border-bottom: 1px solid #ddd; }
 .meta { color: #666; } .cards { display: flex; flex-wrap: wrap; gap: 12px; margin: 16px 0; }
 .card { border: 1px solid #ddd; border-radius: 6px; padding: 8px 14px; min-width: 120px; }
-.card b { display: block; font-size: 20px; } .bad b { color: #b00020; } .good b { color: #137333; }
+.card b { display: block; font-size: 20px; }
+a.card { color: inherit; text-decoration: none; } .bad b { color: #b00020; } .good b { color: #137333; }
 div.scroll { max-height: 440px; overflow: auto; border: 1px solid #eee; display: inline-block; max-width: 100%; }
 table { border-collapse: collapse; margin: 8px 0; font-size: 12.5px; }
 th, td { border: 1px solid #ddd; padding: 3px 7px; text-align: left; vertical-align: top; }
@@ -65,7 +67,9 @@ def render(data: dict[str, Any]) -> str:
                  over_time_chart("transactions by state", data["states_over_time"], STATE_ORDER),
                  "By the time of the first half copy (or of the commit, for a commit with no half)."),
         _section("Anomalies by type over time", "anomaly-types",
-                 over_time_chart("anomalies by type", data["anomalies_over_time"], ANOMALY_TYPES)),
+                 over_time_chart("anomalies by type", data["anomalies_over_time"], ANOMALY_TYPES)
+                 + '<p class="note">What each type means, how RocketMQ gets there and what to do: '
+                 + " · ".join(_finding_link(t) for t in ANOMALY_TYPES) + "</p>"),
         _section("Stuck halves", "stuck",
                  stacked_bars("stuck-half age", [b for b, _ in data["stuck_age_bins"]],
                               {"stuck halves": [n for _, n in data["stuck_age_bins"]]}, "halves")
@@ -135,14 +139,29 @@ def render(data: dict[str, Any]) -> str:
 
 
 def _cards(data: dict[str, Any]) -> str:
-    cards = [("transactions", sum(data["states"].values()), "")]
-    cards += [(s.lower().replace("_", " "), data["states"].get(s, 0), "") for s in STATE_ORDER]
-    cards += [(k.lower().replace("_", " "), v, "bad") for k, v in sorted(data["anomaly_counts"].items())]
+    cards = [("transactions", sum(data["states"].values()))]
+    cards += [(s.lower().replace("_", " "), data["states"].get(s, 0)) for s in STATE_ORDER]
+    items = "".join(f'<div class="card"><b>{n:,}</b>{escape(label)}</div>' for label, n in cards)
+    # Each finding type's card opens its page in the manual.
+    items += "".join(
+        f'<a class="card bad" href="{_finding_url(k)}" title="what {escape(k)} means"><b>{v:,}</b>'
+        f"{escape(k.lower().replace('_', ' '))}</a>"
+        for k, v in sorted(data["anomaly_counts"].items())
+    )
     failed = [r for r in data["dq_latest"] if not r["success"]]
     if data["dq_latest"]:
-        cards.append(("failed expectations", len(failed), "bad" if failed else "good"))
-    items = "".join(f'<div class="card {cls}"><b>{n:,}</b>{escape(label)}</div>' for label, n, cls in cards)
+        cls = "bad" if failed else "good"
+        items += f'<div class="card {cls}"><b>{len(failed):,}</b>failed expectations</div>'
     return f'<div class="cards">{items}</div>'
+
+
+def _finding_url(kind: str) -> str:
+    """A finding type's page in the manual, which serve serves at /docs/ beside the dashboard at /."""
+    return f"docs/findings/{quote(kind)}/"
+
+
+def _finding_link(kind: str) -> str:
+    return f'<a href="{_finding_url(kind)}">{escape(kind)}</a>'
 
 
 def _section(title: str, anchor: str, body: str, note: str = "") -> str:

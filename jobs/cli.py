@@ -47,6 +47,7 @@ JOBS: dict[str, tuple[str, str, str, str]] = {
               "one long-running engine: a cycle every minute, SQL (JDBC) and metrics (HTTP) meanwhile"),
     "sql": ("sql", "add_arguments", "run", "run one Spark SQL statement against the warehouse catalog"),
     "spark-conf": ("spark_conf", "add_arguments", "run", "write spark-defaults.conf for spark-sql / spark-submit"),
+    "explain": ("explain", "add_arguments", "run", "what a finding type means, in one paragraph (no Spark)"),
 }  # fmt: skip
 
 

@@ -1,5 +1,6 @@
-"""What `txn-recon serve` shows over HTTP: /metrics in Prometheus' text format, /healthz, and the latest
-dashboard at /. The figures are read from the tables after each cycle, so a scrape costs no Spark work."""
+"""What `txn-recon serve` shows over HTTP: /metrics in Prometheus' text format, /healthz, the latest
+dashboard at /, and the manual at /docs/. The figures are read from the tables after each cycle, so a scrape
+costs no Spark work."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.config import Config, host_port
+from jobs.config import CONF_DIR, Config, host_port
 from jobs.errors import TxnReconError
 
 if TYPE_CHECKING:
@@ -159,8 +161,25 @@ class Health:
         return age <= limit, f"last good cycle {age:.0f} s ago (limit {limit} s)"
 
 
-def start_http(address: str, metrics: Metrics, health: Health) -> ThreadingHTTPServer:
-    """Serve /metrics, /healthz and / from a thread of this process; `shutdown()` ends it."""
+# The manual, as `make docs` builds it beside conf/: alert runbooks and the dashboard link to its pages.
+SITE = CONF_DIR.parent / "site"
+SITE_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css", ".js": "text/javascript",
+              ".svg": "image/svg+xml", ".png": "image/png", ".json": "application/json", ".xml": "application/xml",
+              ".woff2": "font/woff2"}  # fmt: skip
+
+
+def site_file(site: Path, path: str) -> Path | None:
+    """The file of the built site a /docs/ path names (a folder: its index.html), never one outside it."""
+    target = (site / unquote(path).lstrip("/")).resolve()
+    if target.is_dir():
+        target = target / "index.html"
+    inside = target.is_relative_to(site.resolve())
+    return target if inside and target.is_file() else None
+
+
+def start_http(address: str, metrics: Metrics, health: Health, site: Path = SITE) -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz, / (the dashboard) and /docs/ (the manual) from a thread of this process;
+    `shutdown()` ends it."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -175,8 +194,15 @@ def start_http(address: str, metrics: Metrics, health: Health) -> ThreadingHTTPS
                     self._send(200, "text/html; charset=utf-8", health.dashboard.read_bytes())
                 except FileNotFoundError:
                     self._send(503, "text/plain; charset=utf-8", "no dashboard yet: the first cycle draws it\n")
+            elif path == "/docs" or path.startswith("/docs/"):
+                found = site_file(site, path.removeprefix("/docs"))
+                if found is None:
+                    hint = "" if site.is_dir() else f" (the manual is not built: run `make docs` to write {site})"
+                    self._send(404, "text/plain; charset=utf-8", f"not found in the manual{hint}\n")
+                else:
+                    self._send(200, SITE_TYPES.get(found.suffix, "application/octet-stream"), found.read_bytes())
             else:
-                self._send(404, "text/plain; charset=utf-8", "not found: try /, /metrics or /healthz\n")
+                self._send(404, "text/plain; charset=utf-8", "not found: try /, /docs/, /metrics or /healthz\n")
 
         def _send(self, code: int, kind: str, body: bytes | str) -> None:
             data = body.encode() if isinstance(body, str) else body

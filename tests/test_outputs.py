@@ -1,5 +1,5 @@
 """What people look at after `txn-recon run`: the printed paths, the dashboard in a real headless
-Chromium, the notebooks executed top to bottom, and the README's SQL in spark-sql.
+Chromium, the notebooks executed top to bottom, and the documentation's ready queries in spark-sql.
 
 One pipeline run in a separate process fills a warehouse for all of them: notebooks and spark-sql open
 its embedded Derby metastore, which admits one process at a time, so this test process reads its Delta
@@ -176,19 +176,19 @@ def test_notebook_runs_top_to_bottom(shipped: Shipped, name: str, monkeypatch: p
         assert '<svg class=\\"chart\\"' in text and f"dashboard: {shipped.warehouse}" in text
 
 
-def _readme_queries() -> list[str]:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("### Ready queries", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```sql\n(.*?)```", section, flags=re.S)
+def _docs_queries() -> list[str]:
+    """The documentation's ready queries."""
+    page = (REPO / "docs" / "getting-started" / "queries.md").read_text()
+    return re.findall(r"```sql\n(.*?)```", page, flags=re.S)
 
 
-def test_readme_queries_run_as_written_in_spark_sql(shipped: Shipped, spark: SparkSession, tmp_path: Path) -> None:
-    queries = _readme_queries()
+def test_docs_queries_run_as_written_in_spark_sql(shipped: Shipped, spark: SparkSession, tmp_path: Path) -> None:
+    queries = _docs_queries()
     assert len(queries) == 8
     # One spark-sql process for all of them (a JVM start each would be slow); a marker row separates them.
     script = "".join(f"SELECT 'query {i}';\n{q}" for i, q in enumerate(queries))
     (tmp_path / "queries.sql").write_text(script)
-    # As in the README: `txn-recon spark-conf`, then the venv's spark-sql (it finds Spark through python3 on PATH).
+    # As documented: `txn-recon spark-conf`, then the venv's spark-sql (it finds Spark through python3 on PATH).
     conf = subprocess.run([str(BIN / "txn-recon"), "spark-conf", "--warehouse", str(shipped.warehouse), "--out",
                            str(tmp_path / "conf")], capture_output=True, text=True, cwd=REPO, timeout=120)  # fmt: skip
     assert conf.returncode == 0, conf.stderr

@@ -209,9 +209,10 @@ def _found(spark: SparkSession, played: Played, kind: str, group: str) -> list[d
     return [r.asDict() | {"detail": json.loads(r["detail"])} for r in rows.collect()]
 
 
-def _readme_query(marker: str, played: Played) -> str:
-    """The README's SQL query that contains `marker`, on this test's database."""
-    queries = re.findall(r"```sql\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+def _docs_query(marker: str, played: Played) -> str:
+    """The documentation's SQL query that contains `marker`, on this test's database."""
+    pages = "".join(p.read_text() for p in sorted((REPO / "docs").rglob("*.md")) if p.parent.name != "findings")
+    queries = re.findall(r"```sql\n(.*?)```", pages, flags=re.S)
     [query] = [q for q in queries if marker in q]
     return query.replace("txn_recon.", f"{played.cfg.database}.")
 
@@ -287,8 +288,8 @@ def test_messages_a_tag_filter_refused_are_undelivered_exactly_per_queue(spark: 
     filters = [f for d in by_queue.values() for f in d["filters"]]
     assert {f["member_expression"] for f in filters} | {f["broker_expression"] for f in filters} <= {"TagA", "TagB"}
     assert any(f["member_expression"] != f["broker_expression"] for f in filters), filters
-    # The README's query of messages lost per group says the same.
-    week = spark.sql(_readme_query("anomaly_type = 'UNDELIVERED'", played)).collect()
+    # The documentation's query of messages lost per group says the same.
+    week = spark.sql(_docs_query("anomaly_type = 'UNDELIVERED'", played)).collect()
     assert [(r["topic"], r["undelivered"]) for r in week if r["consumer_group"] == "CG_TAGS"] == [
         ("TopicT", sum(lost.values()))]  # fmt: skip
 
@@ -358,9 +359,9 @@ def test_messages_failed_until_the_dlq_are_dead_lettered_and_their_copies_are_no
             assert (detail["transactional"], detail["transaction_id"]) == (True, sent[key]["transaction_id"])
         else:
             assert (d["queue_id"], detail["origin_queue_offset"]) == (sent[key]["queue_id"], sent[key]["queue_offset"])
-    # The README's query of what the groups did with one message, for the transaction's.
+    # The documentation's query of what the groups did with one message, for the transaction's.
     [txn_key] = [u for u, k in uniq.items() if k == "R-txn"]
-    query = _readme_query("FROM txn_recon.copy_events", played).replace("AC1100020001...", txn_key)
+    query = _docs_query("FROM txn_recon.copy_events", played).replace("AC1100020001...", txn_key)
     assert [(r["consumer_group"], r["failed_times"], r["dead_lettered"]) for r in spark.sql(query).collect()] == [
         ("CG_RETRY", 3, True)]  # fmt: skip
     commits = spark.table(played.cfg.table("anomalies")).where(
@@ -371,7 +372,7 @@ def test_messages_failed_until_the_dlq_are_dead_lettered_and_their_copies_are_no
 def test_deliveries_add_up_to_what_each_group_received(spark: SparkSession, played: Played) -> None:
     """Per group and message, the deliveries table against what the members actually received: consumed only
     what some member received, undelivered only what none did; where a story waited for its group to catch
-    up, exactly. The README's totals per group say the same."""
+    up, exactly. The documentation's totals per group say the same."""
     keys = {r["uniq_key"]: r["keys"] for r in spark.table(played.cfg.table("real_events")).collect()}
     rows = spark.table(played.cfg.table("deliveries")).collect()
     status: dict[str, dict[str, set[str]]] = {}
@@ -411,7 +412,7 @@ def test_deliveries_add_up_to_what_each_group_received(spark: SparkSession, play
         got = played.conflict["consumed_in_the_end"].get(queue, 0)
         assert consumed <= got and consumed + pending == sent_to, (queue, got, conflict)
 
-    totals = spark.sql(_readme_query("FROM txn_recon.deliveries\nGROUP BY", played)).collect()
+    totals = spark.sql(_docs_query("FROM txn_recon.deliveries\nGROUP BY", played)).collect()
     n = Counter((r["consumer_group"], r["status"]) for r in rows)
     for t in totals:
         g = t["consumer_group"]
@@ -422,6 +423,6 @@ def test_deliveries_add_up_to_what_each_group_received(spark: SparkSession, play
                                                      "CG_LATE"}  # fmt: skip
     # What each group did with the transaction's message, by its transaction id.
     txn = next(r for r in played.retry if r["kind"] == "retry_sent" and r["key"] == "R-txn")["transaction_id"]
-    query = _readme_query("WHERE transaction_id =", played).replace("7F0000012A3B...", txn)
+    query = _docs_query("WHERE transaction_id =", played).replace("7F0000012A3B...", txn)
     assert [(r["consumer_group"], r["status"], r["retries"]) for r in spark.sql(query).collect()] == [
         ("CG_RETRY", "DEAD_LETTERED", 2)]  # fmt: skip

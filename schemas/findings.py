@@ -1,0 +1,19 @@
+"""Every finding type the rules report, in one place: the anomalies table's expectations, the documentation
+site's page per type (docs/findings/<TYPE>.md) and `txn-recon explain` all read it."""
+
+FINDINGS = {
+    "STUCK_HALF": "a transaction pending longer than thresholds.stuck_after_ms",
+    "DISCARDED_AFTER_MAX_CHECKS": "the broker gave up after transactionCheckMax checks",
+    "DISCARDED_EXPIRED": "the broker dropped a half older than its file retention",
+    "ORPHANED_COMMIT": "a commit the transaction's records do not account for",
+    "DUPLICATE_COMMIT": "one transaction committed more than once",
+    "RECHECKED_AFTER_RESOLUTION": "a resolved transaction the broker keeps checking",
+    "OFFSET_REGRESSION": "a consumer group's committed offset went backwards",
+    "SUBSCRIPTION_CONFLICT": "members of one group subscribe differently",
+    "STRANDED_QUEUE": "a queue with messages no subscribing member holds",
+    "REDELIVERY_AT_HANDOFF": "a queue handed over with consumed, uncommitted messages",
+    "OFFSET_JUMP": "a committed offset moved forward by no member",
+    "UNDELIVERED": "wanted messages a tag filter refused while the offset passed them",
+    "DEAD_LETTERED": "a message parked in the group's dead-letter queue",
+}
+ANOMALY_TYPES = tuple(FINDINGS)
