@@ -34,6 +34,7 @@ _SHORT = struct.Struct(">h")
 _TAIL = struct.Struct(">iqi")  # RECONSUMETIMES PREPAREDTRANSACTIONOFFSET BODYLENGTH
 # Every fixed field with IPv4 hosts, BORNHOST and STOREHOST skipped, up to BODYLENGTH: 88 bytes.
 _V4_FIXED = struct.Struct(">iiiiiqqiq8xq8xiqi")
+ZERO_SPAN = 1 << 20  # zeros this long with no record after them are the end of what the broker has written
 MIN_SIZE = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2  # IPv4 hosts, empty body/topic/props
 
 
@@ -181,12 +182,12 @@ def _being_written(buf: Buffer, at: int, size: int, magic: int) -> bool:
     )
 
 
-def _resync(buf: Buffer, start: int, base: int, keep_body: frozenset[str]) -> int | None:
-    """The next position after `start` where a whole record decodes, if any."""
+def _resync(buf: Buffer, start: int, base: int, keep_body: frozenset[str], within: int | None = None) -> int | None:
+    """The next position after `start` (before `start + within`, if given) where a whole record decodes."""
     magic_bytes = (_INT.pack(MAGIC_V1), _INT.pack(MAGIC_V2))
-    at = start + 1
+    at, end = start + 1, len(buf) if within is None else min(len(buf), start + within)
     while True:
-        found = [i for i in (buf.find(m, at + 4) for m in magic_bytes) if i >= 0]
+        found = [i for i in (buf.find(m, at + 4, end + 4) for m in magic_bytes) if i >= 0]
         if not found:
             return None
         candidate = min(found) - 4
@@ -214,7 +215,9 @@ def scan(
                 yield FileEnd(at + base)
                 return
             if size == 0 and magic == 0:
-                resume = _resync(buf, at, base, keep_body)
+                # Zeros: the end of what was written, unless a record follows soon after them (a page lost in
+                # the middle). Looking no further keeps a run from reading a whole preallocated file of zeros.
+                resume = _resync(buf, at, base, keep_body, within=ZERO_SPAN)
                 if resume is None:
                     yield DataEnd(at + base)
                     return

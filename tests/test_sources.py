@@ -11,7 +11,7 @@ import pytest
 
 from jobs.cli import main
 from sources import offsets
-from sources.commitlog import BLANK_MAGIC, Corrupt, DataEnd, FileEnd, Message, properties, scan
+from sources.commitlog import BLANK_MAGIC, ZERO_SPAN, Corrupt, DataEnd, FileEnd, Message, properties, scan
 from sources.records import copy_record, half_log_offset, half_record, real_record, rocksdb_op_record, stream_of
 from tests.store_encoding import encode
 
@@ -89,6 +89,18 @@ def test_corrupt_records_are_reported_and_skipped() -> None:
     assert entries[1] == Corrupt(len(a), "body CRC mismatch", len(a) + len(b))
     garbage = a + b"\x01" * 50 + bytes(8)
     assert list(scan(garbage, 0))[1] == Corrupt(len(a), "bad magic code 0x01010101", None)
+
+
+def test_zeros_end_the_data_unless_a_record_follows_soon_after_them() -> None:
+    """A lost page in the middle is a corrupt span the scan resumes after; zeros with no record within
+    ZERO_SPAN after them are the end of what the broker wrote (a run does not read a preallocated file whole)."""
+    a = encode("orders", {"UNIQ_KEY": "a"})
+    b = encode("orders", {"UNIQ_KEY": "b"}, position=len(a) + 4096)
+    entries = list(scan(a + bytes(4096) + b + bytes(8), 0))
+    assert [type(e).__name__ for e in entries] == ["Message", "Corrupt", "Message", "DataEnd"]
+    assert entries[1] == Corrupt(len(a), "4096 zero bytes before the next record", len(a) + 4096)
+    far = a + bytes(ZERO_SPAN + 8) + encode("orders", {"UNIQ_KEY": "b"}, position=len(a) + ZERO_SPAN + 8)
+    assert list(scan(far, 0))[1:] == [DataEnd(len(a))]
 
 
 def test_records_by_topic() -> None:
