@@ -223,7 +223,7 @@ def run(decoder: str, data: bytes) -> None:
     check, _ = DECODERS[decoder]
     try:
         check(data)
-    except BaseException:
+    except Exception:
         if os.environ.get("FUZZ_SAVE"):
             folder = REGRESSIONS / decoder
             folder.mkdir(parents=True, exist_ok=True)
