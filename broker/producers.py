@@ -54,8 +54,11 @@ class Producers:
         self._send_transaction(group.name, group.topic, producer, up[int(rng.random() * len(up))])
         if rng.random() < p.plain_ratio:
             topic = sim.topic_names[int(rng.random() * len(sim.topic_names))]
-            b = up[int(rng.random() * len(up))]
-            sim.store.store_real(b, topic, int(rng.random() * TOPICS[topic]), None, producer)
+            pick, queue = rng.random(), rng.random()
+            # The route lists only the brokers whose queues of the topic take writes (broker/cluster.py).
+            routed = [b for b in up if sim.cluster.writable(b.name, topic)]
+            if routed:
+                sim.store.store_real(routed[int(pick * len(routed))], topic, int(queue * TOPICS[topic]), None, producer)
         sim.sent += 1
         if sim.progress and sim.sent % 50_000 == 0:
             sim.progress(sim.sent)

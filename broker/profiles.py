@@ -56,6 +56,9 @@ class Profile:
     subscription_drift: int = 0  # a member deployed with other subscriptions joins its group for 3-6 minutes
     stale_client_list: int = 0  # a member allocates over a client list missing one member, for 90-180 s
     tag_drift: int = 0  # a member joins with a tag expression where the others take every tag, for 3-6 min
+    broker_join: int = 0  # broker-c joins the cluster early and is never given the topics (broker/cluster.py)
+    auto_created_topic: int = 0  # a producer's first send auto-creates a topic on broker-a, which keeps it alone
+    write_perm_loss: int = 0  # a topic's queues on broker-b are made read-only for 2-4 minutes
     # Per rebalance hand-off: the previous owner's final offset commit lands late.
     stale_offset_commit: float = 0.0
 
@@ -91,6 +94,9 @@ PROFILES: dict[str, Profile] = {
             consumer_scale=2,
             offset_reset=1,
             stale_offset_commit=0.2,
+            broker_join=1,
+            auto_created_topic=1,
+            write_perm_loss=1,
         ),
         Profile(
             "chaos",
@@ -118,6 +124,9 @@ PROFILES: dict[str, Profile] = {
             stale_client_list=2,
             tag_drift=2,
             stale_offset_commit=0.6,
+            broker_join=1,
+            auto_created_topic=1,
+            write_perm_loss=2,
         ),
     )
 }

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker.checks import CheckService
+from broker.cluster import Cluster
 from broker.consumers import Consumers
 from broker.events import P_CONTROL, P_END, P_FLUSH, P_OP, P_PASS, P_STORE
 from broker.groups import MQ
@@ -106,6 +107,7 @@ class Simulation:
         self.checks = CheckService(self)
         self.producers = Producers(self)
         self.consumers = Consumers(self)
+        self.cluster = Cluster(self, seed)
         self.sendback = SendBack(
             profile.poison_ratio,
             lambda t, fn, arg: self.at(t, P_STORE, fn, arg),
@@ -143,6 +145,7 @@ class Simulation:
         self.at(START_MS, P_STORE, self.producers.arrive)
         window = int(self.n / p.txn_per_second * 1000)
         span = (START_MS + 30_000, START_MS + max(60_000, window))
+        self.cluster.start(span)
 
         def when() -> int:
             return rng.randint(*span)
@@ -184,6 +187,7 @@ class Simulation:
 
     def emit(self, stream: str, rec: tuple[Any, ...], ts: int) -> None:
         self.sink.record(stream, rec)
+        self.cluster.stored(stream, rec)
         self.summary.records[stream] += 1
         if ts > self.summary.as_of:
             self.summary.as_of = ts
@@ -215,6 +219,7 @@ class Simulation:
         for txn in list(self.open.values()):
             self._write_truth(txn, as_of)
         self.open.clear()
+        self.cluster.close()
 
     def _write_truth(self, txn: Txn, as_of: int) -> None:
         state, reason, anomalies = classify(txn, as_of, self.cfg, self.thresholds)

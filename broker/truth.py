@@ -23,6 +23,9 @@ class Thresholds:
     stuck_after_ms: int = 60_000
     op_grace_ms: int = 10_000
     stranded_after_ms: int = 60_000
+    route_delay_ms: int = 60_000
+    idle_window_ms: int = 60_000
+    idle_min_messages: int = 100
 
 
 class Facts(Protocol):

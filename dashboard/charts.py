@@ -116,6 +116,31 @@ def stacked_bars(
     return _frame(title, body, y_max, y_label, list(series) if len(series) > 1 else [])
 
 
+def lines(title: str, categories: Sequence[str], series: Mapping[str, Sequence[int]], y_label: str = "count") -> str:
+    """One line per series over the categories (time buckets), a point per value; a series of zeros lies flat
+    on the axis, where a broker that takes no writes shows."""
+    if not categories or not series:
+        return empty(title, "no data")
+    y_max = max(max(values) for values in series.values()) or 1
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    step = plot_w / max(len(categories) - 1, 1)
+    every = max(1, round(len(categories) / 10))
+    body = []
+    for s, (name, values) in enumerate(series.items()):
+        points = [(LEFT + i * step, TOP + plot_h * (1 - v / y_max)) for i, v in enumerate(values)]
+        body.append(f'<polyline fill="none" stroke="{color(s)}" stroke-width="2" '
+                    f'points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in points)}"/>')  # fmt: skip
+        body += [
+            f'<circle class="mark" cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{color(s)}">'
+            f"<title>{escape(f'{categories[i]} · {name}: {values[i]:,}')}</title></circle>"
+            for i, (x, y) in enumerate(points)
+        ]
+    for i in range(0, len(categories), every):
+        body.append(f'<text class="tick" x="{LEFT + i * step:.1f}" y="{TOP + plot_h + 14}" text-anchor="middle">'
+                    f"{escape(categories[i])}</text>")  # fmt: skip
+    return _frame(title, body, y_max, y_label, list(series))
+
+
 def timeline(
     title: str, lanes: Sequence[str], points: Sequence[tuple[int, int, float, str]], x_range: tuple[int, int]
 ) -> str:

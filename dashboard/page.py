@@ -13,7 +13,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from dashboard.charts import stacked_bars, time_label, timeline
+from dashboard.charts import lines, stacked_bars, time_label, timeline
 from schemas.quality import ANOMALY_TYPES, DELIVERY_STATUSES
 
 STATE_ORDER = ("COMMITTED", "ROLLED_BACK", "DISCARDED", "PENDING")
@@ -117,6 +117,15 @@ def render(data: dict[str, Any]) -> str:
                  "holder had consumed but not committed when it was last seen; an undelivered message was wanted by "
                  "a member, passed by the committed offset, and refused by the broker's kept expression or the "
                  "holder's own."),
+        _section("Brokers", "brokers",
+                 writes_chart(data.get("broker_writes", {"bucket_ms": 1000, "counts": []}), data.get("brokers", []))
+                 + _table("topic-gaps", data.get("topic_gaps", []), total=data.get("topic_gaps_total"),
+                          title="Topics a broker does not take (TOPIC_NOT_ON_BROKER)")
+                 + _table("idle-brokers", data.get("idle_brokers", []), total=data.get("idle_brokers_total"),
+                          title="Brokers that stored nothing (BROKER_WITHOUT_WRITES)"),
+                 "Messages producers stored on each master (halves and business messages), one line per broker: a "
+                 "broker that joined a cluster takes nothing until its topics are created on it. From "
+                 "`txn-recon collect`'s topology snapshots (or the model's)."),
         _section("Data quality: latest result of every expectation", "quality",
                  _table("dq-latest", data["dq_latest"], fail_col="success")),
         _section("Run history", "runs",
@@ -185,6 +194,22 @@ def over_time_chart(title: str, over_time: dict[str, Any], order: Sequence[str])
     return stacked_bars(f"{title} per {width // 1000:,} s", labels, series, "count")
 
 
+def writes_chart(over_time: dict[str, Any], brokers: Sequence[str]) -> str:
+    """Writes per broker and time bucket, one line per broker; a master of the topology that stored nothing
+    is a line at zero."""
+    width, counts = over_time["bucket_ms"], over_time["counts"]
+    if not counts:
+        return lines("messages stored per broker", [], {})
+    first, last = min(b for b, _, _ in counts), max(b for b, _, _ in counts)
+    buckets = list(range(first, last + width, width))
+    index = {b: i for i, b in enumerate(buckets)}
+    series = {name: [0] * len(buckets) for name in sorted({c[1] for c in counts} | set(brokers))}
+    for bucket, broker, n in counts:
+        series[broker][index[bucket]] += n
+    labels = [time_label(b, width) for b in buckets]
+    return lines(f"messages stored per broker per {width // 1000:,} s", labels, series, "messages")
+
+
 def op_lag_chart(op_lag: dict[str, Any]) -> str:
     """The largest op lag per time bucket, in ms."""
     width, rows = op_lag["bucket_ms"], op_lag["rows"]
@@ -226,7 +251,10 @@ def _table(
     )
 
 
-TIME_COLUMNS = frozenset({"event_ts", "until", "from_ts", "to_ts", "snapshot_ts"})
+TIME_COLUMNS = frozenset({"event_ts", "since", "until", "from_ts", "to_ts", "snapshot_ts"})
+# Detail fields (JSON text) shown as numbers.
+COUNT_COLUMNS = frozenset({"from_offset", "to_offset", "redelivery_estimate", "check_times", "lag",
+                           "duplicates_estimate", "skipped", "windows", "cluster_messages"})  # fmt: skip
 
 
 def _cell(col: str, value: Any) -> str:
@@ -246,11 +274,7 @@ def _cell(col: str, value: Any) -> str:
     text = str(value)
     if col in TIME_COLUMNS and text.isdigit():
         return _cell(col, int(text))
-    if (
-        col
-        in ("from_offset", "to_offset", "redelivery_estimate", "check_times", "lag", "duplicates_estimate", "skipped")
-        and text.lstrip("-").isdigit()
-    ):
+    if col in COUNT_COLUMNS and text.lstrip("-").isdigit():
         return f'<td class="num" data-v="{text}">{int(text):,}</td>'
     if col in ("detail", "observed_value", "unexpected_sample", "kwargs"):
         text = _compact_json(text)

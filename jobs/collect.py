@@ -65,6 +65,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
             read = [r for r in runs if r.status != "failed"]
             print(f"collect {run_id}: {len(read)} of {len(runs)} broker(s) read; "
                   + "; ".join(f"{r.broker_name or 'name server'} {r.status}" for r in runs), flush=True)  # fmt: skip
+            for cluster, masters in sorted(collector.seen.items()):
+                print(f"  cluster {cluster}: " + "; ".join(f"{b} {_topics(t)}" for b, t in sorted(masters.items())),
+                      flush=True)  # fmt: skip
             if args.every is None or stop.wait(max(args.every - (time.monotonic() - started), 0)):
                 break
     if stop.is_set():
@@ -78,6 +81,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
         print(f"txn-recon collect: failed: nothing could be read: {first}", file=sys.stderr)
         return 1
     return 0
+
+
+def _topics(topics: list[str] | None) -> str:
+    if topics is None:
+        return "(topic table not read)"
+    return f"topics {', '.join(topics)}" if topics else "(no business topic)"
 
 
 if __name__ == "__main__":

@@ -70,6 +70,9 @@ class Thresholds:
     stuck_after_ms: int
     op_grace_ms: int
     stranded_after_ms: int
+    route_delay_ms: int
+    idle_window_ms: int
+    idle_min_messages: int
 
 
 @dataclass(frozen=True)

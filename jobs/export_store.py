@@ -1,7 +1,8 @@
 """`txn-recon export-store`: a broker's store folder (live or copied) into landing files. No Spark.
 
-Reads `commitlog/` from where the last run stopped and `config/consumerOffset.json`, and writes the half,
-op, real and offset streams of one broker. What a run reached is kept in `<landing>/_export/<broker>.json`
+Reads `commitlog/` from where the last run stopped, `config/consumerOffset.json` and `config/topics.json`, and
+writes the half, op, real, offset and topology streams of one broker (its topic table alone: a store does not
+know its cluster). What a run reached is kept in `<landing>/_export/<broker>.json`
 and saved only after the landing files it wrote are on disk, so a run killed at any point repeats at
 most records that ingest then drops as exact repeats. File names derive from the commit-log position a
 run started at, so such a repeat rewrites the same files.
@@ -25,6 +26,7 @@ from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.lock import folder_lock
 from sources import offsets as offset_file
+from sources import topology
 from sources.commitlog import Corrupt, DataEnd, FileEnd, Message, scan
 from sources.landing_files import ENCODE, Stream, make_landing, read_state, write_state
 from sources.records import (
@@ -292,6 +294,30 @@ def _export_offsets(store: Path, landing: Path, broker: str, state: State, summa
     state.offsets.update(current)
 
 
+def _export_topics(store: Path, landing: Path, broker: str) -> int:
+    """The broker's business topics from config/topics.json, as a snapshot taken when the broker last changed
+    its table (the file's dataVersion timestamp, else its modification time): a rerun on the same file lands
+    the same records, which ingest drops as repeats. Returns the topics landed."""
+    path = store / "config" / "topics.json"
+    try:
+        text, mtime_ms = path.read_text(encoding="utf-8"), path.stat().st_mtime_ns // 1_000_000
+    except FileNotFoundError:
+        log.info("no topics.json: the broker has written no topic table yet")
+        return 0
+    except (OSError, UnicodeDecodeError) as e:
+        raise TxnReconError(f"{path}: cannot read it ({e})") from None
+    try:
+        stamp, table = topology.parse_topics_file(text)
+    except topology.TopicsFileError as e:
+        raise TxnReconError(f"{path}: {e}") from None
+    topics = topology.business(broker, table)
+    stream = Stream(landing / "topology", f"store-{broker}-topics-{stamp or mtime_ms}", ENCODE["topology"])
+    for record in topology.table_records(stamp or mtime_ms, broker, None, (stamp, topics)):
+        stream.add(record)
+    stream.close()
+    return len(topics)
+
+
 def run(args: argparse.Namespace, config: Config) -> int:
     store: Path = args.store
     if not (store / "commitlog").is_dir():
@@ -311,6 +337,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         state.position = stop.position
         _export_offsets(store, landing, broker, state, summary)
         state.save(state_path)  # what came before a corrupt record stays exported
+        topics = _export_topics(store, landing, broker)
         if stop.error is not None:
             raise TxnReconError(stop.error)
     skipped = ", ".join(f"{t} {n}" for t, n in sorted(summary.skipped.items())) or "none"
@@ -319,7 +346,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         f"half {summary.records['half']}, op {summary.records['op']}, real {summary.records['real']}, "
         f"consumer copies {summary.records['copy']}; "
         f"offset records {summary.offsets} ({summary.offsets_skipped} internal queue offsets skipped); "
-        f"corrupt records {summary.corrupt}; skipped topics: {skipped}"
+        f"business topics {topics}; corrupt records {summary.corrupt}; skipped topics: {skipped}"
         + (f"; RIP-82 ops whose half is gone {summary.ops_without_half}" if summary.ops_without_half else "")
     )
     return 0

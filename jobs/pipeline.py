@@ -6,9 +6,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from jobs import ingest, quality, reconcile, report, score, simulate
 from jobs.config import Config
@@ -30,13 +34,16 @@ def run_pipeline(args: argparse.Namespace, config: Config) -> int:
     return code
 
 
-def pipeline(config: Config, landing: Path, as_of: int | None) -> tuple[int, str]:
-    """Ingest, reconcile, quality, report; return the exit code and where the dashboard and Data Docs are."""
+def pipeline(config: Config, landing: Path, as_of: int | None, fresh: bool = False) -> tuple[int, str]:
+    """Ingest, reconcile, quality, report; return the exit code and where the dashboard and Data Docs are.
+    `fresh`: first empty the database of what earlier runs of this landing folder left (`reset_for`)."""
     ingest.validate_landing(landing)
     now = dt.datetime.now(dt.UTC)
     run_id = ingest.new_run_id(now)
     with warehouse_lock(config, "run"):
         spark = build_session(config)
+        if fresh:
+            reset_for(spark, config, landing)
         log.info("[1/4] ingest")
         tallies = ingest.ingest_landing(spark, config, landing, run_id, now.replace(tzinfo=None))
         print(ingest.summary(run_id, tallies))
@@ -50,6 +57,28 @@ def pipeline(config: Config, landing: Path, as_of: int | None) -> tuple[int, str
         dashboard = report.write_report(spark, config)
     code = quality.EXIT_BLOCKING if checked.blocking_failures else 0
     return code, f"dashboard: {dashboard}\nData Docs: {checked.docs}"
+
+
+def reset_for(spark: SparkSession, config: Config, landing: Path) -> None:
+    """Drop the database's tables and views when everything in them came from `landing` (a previous demo's
+    simulation, which demo has just replaced: its records may differ, and demo scores what it simulated). A
+    database that ingested anything else is left alone, and demo stops with one line."""
+    database = config.database
+    if not spark.catalog.databaseExists(database):
+        return
+    tables = spark.catalog.listTables(database)
+    if not tables:
+        return
+    inside = str(landing.resolve()) + os.sep
+    if (
+        not any(t.name == "ingest_files" for t in tables)
+        or spark.table(config.table("ingest_files")).where(~F.col("path").startswith(inside)).limit(1).count()
+    ):
+        raise TxnReconError(f"database {database} in {config.warehouse} holds more than demo's simulations in "
+                            f"{landing}; run demo with a warehouse of its own (--warehouse DIR)")  # fmt: skip
+    log.info("demo: the database holds an earlier simulation of %s; its %d tables are dropped", landing, len(tables))
+    for t in tables:
+        spark.sql(f"DROP {'VIEW' if t.tableType == 'VIEW' else 'TABLE'} {config.table(t.name)}")
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +99,7 @@ def demo(args: argparse.Namespace, config: Config) -> int:
     sim = argparse.Namespace(out=args.out, transactions=args.transactions, seed=args.seed, profile=args.profile,
                              format="jsonl", rate=None, records_per_file=250_000, benchmark=False)  # fmt: skip
     simulate.run(sim, config)
-    ran, where = pipeline(config, args.out, None)
+    ran, where = pipeline(config, args.out, None, fresh=True)
     log.info("demo: score against %s", args.out / "_truth")
     scored = score.run(argparse.Namespace(truth=args.out), config)
     print(where)

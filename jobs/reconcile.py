@@ -43,6 +43,7 @@ from schemas.bronze import BRONZE
 from schemas.model import Schema
 from schemas.reconciled import (
     ANOMALIES,
+    BROKER_WRITES,
     DELIVERIES,
     LIFECYCLE_STATS_COLUMNS,
     OFFSET_COMMITS,
@@ -56,6 +57,7 @@ from transforms.deliveries import changing, deliveries, wanted
 from transforms.frames import differing, ranges, union_all, within
 from transforms.lifecycle import ID, Rules, facts, lifecycle, listed_copies, resolutions, resolved_offsets, up_to
 from transforms.scope import facts_of, touched_queues, touched_transactions
+from transforms.topology import DISCARD_TOPIC, TOPOLOGY_TYPES, topology_anomalies
 
 log = logging.getLogger(__name__)
 _clock = {"started": time.perf_counter()}
@@ -66,11 +68,12 @@ def _progress(message: str, *args: object) -> None:
     log.info("  " + message + " (%.1f s)", *args, time.perf_counter() - _clock["started"])
 
 
-# The streams reconcile follows version by version; consumer snapshots are small and always read whole.
+# The streams reconcile follows version by version; consumer and topology snapshots are small and always read
+# whole.
 TIME = {"half": "store_timestamp", "op": "store_timestamp", "real": "store_timestamp", "offset": "commit_timestamp"}
 SNAPSHOT_TIME = "snapshot_ts"
 # Anomaly types every run recomputes whole, whatever changed.
-WHOLE_TYPES = ("OFFSET_REGRESSION", *GROUP_TYPES)
+WHOLE_TYPES = ("OFFSET_REGRESSION", *GROUP_TYPES, *TOPOLOGY_TYPES)
 OUTPUTS = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES, DELIVERIES)
 # Bronze history entries that only add rows (or move them without changing data).
 APPEND_ONLY = {"WRITE": "Append", "OPTIMIZE": None, "CREATE TABLE": None, "SET TBLPROPERTIES": None}
@@ -165,7 +168,7 @@ def latest_event(bronze: dict[str, DataFrame]) -> int | None:
     """The default as_of: the largest store, commit or snapshot time in bronze (consumer copies included).
     One aggregate per table: Delta answers each from its file statistics without reading a row, where a
     union of them would scan every table."""
-    times = {**TIME, "consumer": SNAPSHOT_TIME, "copy": "store_timestamp"}
+    times = {**TIME, "consumer": SNAPSHOT_TIME, "copy": "store_timestamp", "topology": SNAPSHOT_TIME}
     found = [v for s, column in times.items() if (v := bronze[s].agg(F.max(column)).collect()[0][0]) is not None]
     return int(max(found)) if found else None
 
@@ -186,7 +189,22 @@ def ensure_outputs(spark: SparkSession, config: Config) -> str | None:
         stats = LIFECYCLE_STATS_COLUMNS if schema is TXN_LIFECYCLE else ()
         create_table(spark, config, schema, properties=properties, stats_columns=stats)
     add_new_fields(spark, create_table(spark, config, RECONCILE_RUNS), RECONCILE_RUNS)
+    spark.sql(broker_writes_view(config))
     return reason
+
+
+def broker_writes_view(config: Config) -> str:
+    """The `broker_writes` view (schemas.reconciled.BROKER_WRITES) over the half and real events."""
+    half, real = config.table(BRONZE["half"].name), config.table(BRONZE["real"].name)
+    return f"""CREATE OR REPLACE VIEW {config.table(BROKER_WRITES.name)} AS
+        SELECT broker_name, topic, minute_ts, CAST(sum(message) AS BIGINT) AS messages,
+               CAST(sum(1 - message) AS BIGINT) AS halves
+        FROM (SELECT broker_name, real_topic AS topic, store_timestamp DIV 60000 * 60000 AS minute_ts, 0 AS message
+              FROM {half} WHERE check_times IS NULL
+              UNION ALL
+              SELECT broker_name, topic, store_timestamp DIV 60000 * 60000, 1 FROM {real}
+              WHERE topic <> '{DISCARD_TOPIC}')
+        GROUP BY broker_name, topic, minute_ts"""
 
 
 def _same_columns(actual: T.StructType, schema: Schema) -> bool:
@@ -257,9 +275,17 @@ def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[st
     return {
         TXN_LIFECYCLE.name: life,
         OFFSET_COMMITS.name: commits_df,
-        ANOMALIES.name: transaction_anomalies(life, as_of, rules).unionByName(whole),
+        ANOMALIES.name: union_all(
+            [transaction_anomalies(life, as_of, rules), whole, cluster_anomalies(frames, as_of, rules)]
+        ),
         DELIVERIES.name: deliveries(real, snapshots, commits_df, frames["copy"], whole, refused, as_of),
     }
+
+
+def cluster_anomalies(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> DataFrame:
+    """TOPIC_NOT_ON_BROKER and BROKER_WITHOUT_WRITES (`transforms.topology`), recomputed whole every run."""
+    topology = frames["topology"]
+    return topology_anomalies(topology.sparkSession, topology, frames["half"], frames["real"], as_of, rules)
 
 
 def snapshots_up_to(frames: dict[str, DataFrame], as_of: int) -> DataFrame:
@@ -347,7 +373,9 @@ def incremental(
         wants = wants_json(wanted(snapshots, every_commit))
         life = lives.result()
         delivered = pool.submit(merge_deliveries, every_commit, whole, refused, wants)
-        merge_anomalies(spark, config, transaction_anomalies(life, as_of, rules).unionByName(whole), as_of, scope=keys)
+        found = transaction_anomalies(life, as_of, rules).unionByName(whole)
+        merge_anomalies(spark, config, found.unionByName(cluster_anomalies(bronze.frames, as_of, rules)), as_of,
+                        scope=keys)  # fmt: skip
         _progress("anomalies merged")
         _merge(spark, config, OFFSET_COMMITS, commits_q, list(OFFSET_COMMITS.names[:8]))
         _progress("offset_commits merged")

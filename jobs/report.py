@@ -129,7 +129,40 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     shown = [r["consumer_group"] for r in data["deliveries"]]
     per_group = _over_time_by(t["deliveries"], F.col("store_timestamp"), "status", "consumer_group") if shown else {}
     data["deliveries_over_time"] = {group: per_group.get(group, _no_times()) for group in shown}
+    data |= _brokers(spark, config, t["anomalies"], data["anomaly_counts"])
     return data
+
+
+def _brokers(spark: SparkSession, config: Config, anomalies: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
+    """Writes per broker over time (the broker_writes view, bucketed as the other charts), every broker of the
+    topology at zero where it stored nothing, and the cluster findings."""
+    out: dict[str, Any] = {"broker_writes": _no_times()}
+    view = config.table("broker_writes")
+    if spark.catalog.tableExists(view):
+        writes = spark.table(view).select("broker_name", "minute_ts", (F.col("messages") + F.col("halves")).alias("n"))
+        span = writes.agg(F.min("minute_ts").alias("first"), F.max("minute_ts").alias("last")).collect()[0]
+        if span["first"] is not None:
+            width = max(bucket_ms(span["first"], span["last"]), 60_000)  # the view counts per minute
+            bucket = (F.floor(F.col("minute_ts") / width) * width).alias("bucket")
+            rows = writes.groupBy(bucket, "broker_name").agg(F.sum("n").alias("n")).collect()
+            out["broker_writes"] = {"bucket_ms": width,
+                                    "counts": [(int(r["bucket"]), r["broker_name"], r["n"]) for r in rows]}  # fmt: skip
+    if spark.catalog.tableExists(config.table("topology_events")):
+        members = spark.table(config.table("topology_events")).where("kind = 'broker' AND broker_id = 0")
+        out["brokers"] = sorted(r["broker_name"] for r in members.select("broker_name").distinct().collect())
+    kind, latest = F.col("anomaly_type"), (F.desc("event_ts"), "anomaly_id")
+    gap_columns: list[str | Column] = [
+        "broker_name", "topic", "reason", _detail("cluster"), _detail("since"), _detail("until"),
+        _detail("served_by"), _detail("fix"), "anomaly_id",
+    ]  # fmt: skip
+    idle_columns: list[str | Column] = ["broker_name", _detail("cluster"), _detail("since"), _detail("until"),
+                                        _detail("windows"), _detail("cluster_messages"), "anomaly_id"]  # fmt: skip
+    return out | {
+        "topic_gaps": _rows(anomalies.where(kind == "TOPIC_NOT_ON_BROKER").orderBy(*latest), gap_columns, ROWS),
+        "topic_gaps_total": counts.get("TOPIC_NOT_ON_BROKER", 0),
+        "idle_brokers": _rows(anomalies.where(kind == "BROKER_WITHOUT_WRITES").orderBy(*latest), idle_columns, ROWS),
+        "idle_brokers_total": counts.get("BROKER_WITHOUT_WRITES", 0),
+    }
 
 
 def _deliveries(deliveries: DataFrame | None) -> list[dict[str, Any]]:

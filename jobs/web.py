@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from jobs.config import CONF_DIR, Config, host_port
 from jobs.errors import TxnReconError
+from transforms.topology import stored_writes
 
 if TYPE_CHECKING:
     from jobs.serve import Cycle
@@ -53,6 +54,15 @@ class Metrics:
                                 "the last collect", ["broker"], registry=r)  # fmt: skip
         self.op_lag = Gauge("txn_recon_op_lag_seconds", "From a transaction's first commit to the op that "
                             "resolved it, over the committed and resolved ones", ["quantile"], registry=r)  # fmt: skip
+        self.topic_missing = Gauge("txn_recon_topic_missing_brokers", "Live masters that lack a topic the rest of "
+                                   "their cluster serves, or cannot take its writes (TOPIC_NOT_ON_BROKER going on)",
+                                   ["cluster", "topic"], registry=r)  # fmt: skip
+        self.idle = Gauge("txn_recon_broker_without_writes", "1 while a live master stores nothing the rest of "
+                          "its cluster would (BROKER_WITHOUT_WRITES going on)", ["cluster", "broker"],
+                          registry=r)  # fmt: skip
+        self.broker_writes = Gauge("txn_recon_broker_writes", "Messages producers stored on each broker (original "
+                                   "halves and business messages) in the last window of thresholds.idle_window_ms "
+                                   "that ended by the data time", ["broker"], registry=r)  # fmt: skip
         self.as_of = Gauge("txn_recon_data_time_seconds", "The data time of the last reconcile", registry=r)
         self.step_seconds = Gauge("txn_recon_last_cycle_step_seconds", "Seconds each step of the last cycle took",
                                   ["step"], registry=r)  # fmt: skip
@@ -96,6 +106,7 @@ class Metrics:
         [run] = spark.table(config.table("reconcile_runs")).orderBy(F.desc("finished_at")).limit(1).collect()
         as_of = int(run["as_of"])
         self.as_of.set(as_of / 1000)
+        self._read_cluster(spark, config, as_of)
         life = spark.table(config.table("txn_lifecycle"))
         lag = (F.col("resolved_ts") - F.col("first_commit_ts")) / 1000
         [lags] = life.where(lag.isNotNull()).select(
@@ -121,6 +132,33 @@ class Metrics:
                     self.check_backlog.labels(r["broker_name"]).set(r["b"]["check_backlog"])
                 if r["b"]["op_backlog"] is not None:
                     self.op_backlog.labels(r["broker_name"]).set(r["b"]["op_backlog"])
+
+    def _read_cluster(self, spark: SparkSession, config: Config, as_of: int) -> None:
+        """The cluster rules' findings going on, and each broker's writes in the last window (its store times
+        bound the read: Delta skips older files)."""
+        detail = F.col("detail")
+        ongoing = (spark.table(config.table("anomalies"))
+                   .where(F.col("anomaly_type").isin("TOPIC_NOT_ON_BROKER", "BROKER_WITHOUT_WRITES")
+                          & (F.get_json_object(detail, "$.ongoing") == "true"))
+                   .select("anomaly_type", "broker_name", "topic",
+                           F.get_json_object(detail, "$.cluster").alias("cluster")).collect())  # fmt: skip
+        self.topic_missing.clear()
+        self.idle.clear()
+        self.broker_writes.clear()
+        missing: dict[tuple[str, str], int] = {}
+        for r in ongoing:
+            if r["anomaly_type"] == "TOPIC_NOT_ON_BROKER":
+                missing[(r["cluster"], r["topic"])] = missing.get((r["cluster"], r["topic"]), 0) + 1
+            else:
+                self.idle.labels(r["cluster"], r["broker_name"]).set(1)
+                self.broker_writes.labels(r["broker_name"]).set(0)  # it stored nothing: a series at zero, not none
+        for (cluster, topic), n in missing.items():
+            self.topic_missing.labels(cluster, topic).set(n)
+        size = config.thresholds.idle_window_ms
+        last = (as_of // size - 1) * size
+        half, real = (spark.table(config.table(f"{s}_events")) for s in ("half", "real"))
+        for r in stored_writes(half, real, size, last, last + size).collect():
+            self.broker_writes.labels(r["broker_name"]).set(r["messages"])
 
     def _read_deliveries(self, spark: SparkSession, config: Config) -> None:
         self.deliveries.clear()

@@ -19,6 +19,7 @@ KEYS = {
     "offset": ("_record_hash",),
     "consumer": ("_record_hash",),
     "copy": ("broker_name", "topic", "queue_id", "queue_offset"),
+    "topology": ("_record_hash",),
 }
 
 BRONZE = {
@@ -33,6 +34,7 @@ CLUSTER_BY = {
     "offset": ("broker_name", "commit_timestamp"),
     "consumer": ("consumer_group", "snapshot_ts"),
     "copy": ("consumer_group", "store_timestamp"),
+    "topology": ("kind", "snapshot_ts"),
 }
 
 # The columns Delta keeps file statistics for: key, clustering and time; nothing filters bronze by others.

@@ -15,5 +15,7 @@ FINDINGS = {
     "OFFSET_JUMP": "a committed offset moved forward by no member",
     "UNDELIVERED": "wanted messages a tag filter refused while the offset passed them",
     "DEAD_LETTERED": "a message parked in the group's dead-letter queue",
+    "TOPIC_NOT_ON_BROKER": "a live master lacks a topic the rest of its cluster serves, or cannot take its writes",
+    "BROKER_WITHOUT_WRITES": "a live master stored nothing while the rest of its cluster stored many",
 }
 ANOMALY_TYPES = tuple(FINDINGS)

@@ -141,4 +141,36 @@ CONSUMER = Schema(
     ),
 )  # fmt: skip
 
-LANDING = {s.name: s for s in (HALF, OP, REAL, OFFSET, CONSUMER, COPY)}
+# The cluster as the name server and the brokers show it (docs/concepts/topology.md). A pass of `collect` lands
+# the masters every time (`broker` rows: who was live when it looked) and the rest only when something in it
+# changed: each master's business topics (a `table` row, then its `topic` rows; a table with no topic is a
+# `table` row alone) and each business topic's route (`route` rows, one per broker in it; a `route` row with
+# no broker_name: the name server knows no route for it). What a snapshot does not land is as the last one
+# that did. `export-store` lands one broker's table from its config/topics.json.
+TOPOLOGY_KINDS = ("broker", "table", "topic", "route")
+_TABLED = (("kind", "topic"), ("kind", "route"))
+_QUEUED = (("kind", "topic"),)
+
+TOPOLOGY = Schema(
+    "topology",
+    (
+        Field("snapshot_ts", "long", doc="when the cluster was looked at; one pass's rows share it"),
+        Field("kind", "string", doc="broker, table, topic or route"),
+        Field("cluster", "string", nullable=True, required_when=(("kind", "broker"),),
+              doc="the broker's cluster (null in an export: a store does not name it)"),
+        Field("broker_name", "string", nullable=True, required_when=(("kind", "broker"), ("kind", "table"),
+                                                                        ("kind", "topic")),
+              doc="route: null when the name server has no route for the topic"),
+        Field("broker_id", "long", nullable=True, required_when=(("kind", "broker"),), doc="broker: 0 is the master"),
+        Field("address", "string", nullable=True, required_when=(("kind", "broker"),), doc="broker: host:port"),
+        Field("topic", "string", nullable=True, required_when=_TABLED),
+        Field("read_queues", "int", nullable=True, required_when=_QUEUED, doc="topic, route: readQueueNums"),
+        Field("write_queues", "int", nullable=True, required_when=_QUEUED, doc="topic, route: writeQueueNums"),
+        Field("perm", "int", nullable=True, required_when=_QUEUED,
+              doc="topic, route: PermName bits, 2 write, 4 read (6: both); a route's unknown: its table decides"),
+        Field("table_ts", "long", nullable=True,
+              doc="table: the broker's topic-table dataVersion timestamp, when the broker last changed it"),
+    ),
+)  # fmt: skip
+
+LANDING = {s.name: s for s in (HALF, OP, REAL, OFFSET, CONSUMER, COPY, TOPOLOGY)}

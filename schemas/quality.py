@@ -13,7 +13,7 @@ from typing import Any
 
 from schemas.bronze import BRONZE
 from schemas.findings import ANOMALY_TYPES
-from schemas.landing import COPY_KINDS, HALF_TOPIC_OF_OP, OP_BODY_CHARS, OP_BODY_EMPTY_ITEM
+from schemas.landing import COPY_KINDS, HALF_TOPIC_OF_OP, OP_BODY_CHARS, OP_BODY_EMPTY_ITEM, TOPOLOGY_KINDS
 from schemas.model import Field, Schema
 from schemas.reconciled import ANOMALIES, DELIVERIES, OFFSET_COMMITS, TXN_LIFECYCLE
 
@@ -24,14 +24,16 @@ NON_NEGATIVE = frozenset({
     "queue_id", "queue_offset", "commit_log_offset", "real_queue_id", "check_immunity_seconds",
     "prepared_queue_offset", "prepared_transaction_offset", "body_size", "reconsume_times", "offset", "seq",
     "copies", "check_times", "commit_count", "first_commit_queue_id", "first_commit_queue_offset", "retries",
-    "duplicates_expected", "pending_ms",
+    "duplicates_expected", "pending_ms", "broker_id", "read_queues", "write_queues",
 })  # fmt: skip
 
 DELIVERY_STATUSES = ("CONSUMED", "DEAD_LETTERED", "UNDELIVERED", "POSSIBLY_UNDELIVERED", "PENDING")
 STATES = ("COMMITTED", "ROLLED_BACK", "DISCARDED", "PENDING")
 DISCARD_REASONS = ("MAX_CHECKS", "EXPIRED")
 SNAPSHOT_KINDS = ("subscription", "queue")
-ANOMALY_REASONS = ("NO_HALF", "NO_OP", "AFTER_DISCARD", "OFFSET_MISMATCH", *DISCARD_REASONS)
+TOPIC_REASONS = ("MISSING", "NOT_WRITABLE")  # TOPIC_NOT_ON_BROKER: no such topic, or none of its queues takes writes
+ANOMALY_REASONS = ("NO_HALF", "NO_OP", "AFTER_DISCARD", "OFFSET_MISMATCH", *DISCARD_REASONS, *TOPIC_REASONS)
+MAX_PERM = 15  # PermName: inherit 1, write 2, read 4, priority 8
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,9 @@ def _problems(what: str) -> Expectation:
 
 def suites(check_max: int) -> tuple[Suite, ...]:
     """Every suite, in the order they run. `check_max` is the broker's transactionCheckMax."""
-    half, op, real, offset, consumer, copy = (BRONZE[s] for s in ("half", "op", "real", "offset", "consumer", "copy"))
+    half, op, real, offset, consumer, copy, topology = (
+        BRONZE[s] for s in ("half", "op", "real", "offset", "consumer", "copy", "topology")
+    )
     in_set = "column_values_to_be_in_set"
     half_topics, op_topics = sorted(HALF_TOPIC_OF_OP.values()), sorted(HALF_TOPIC_OF_OP)
     half_rows = (_check_times(1, check_max), _e(in_set, column="topic", value_set=half_topics))
@@ -104,6 +108,10 @@ def suites(check_max: int) -> tuple[Suite, ...]:
     )
     snapshot_rows = (_e(in_set, column="kind", value_set=list(SNAPSHOT_KINDS)),)
     copy_rows = (_e(in_set, column="kind", value_set=list(COPY_KINDS)),)
+    topology_rows = (
+        _e(in_set, column="kind", value_set=list(TOPOLOGY_KINDS)),
+        _e("column_values_to_be_between", column="perm", min_value=0, max_value=MAX_PERM),
+    )
     lifecycle = (
         _e(in_set, column="state", value_set=list(STATES)),
         _e(in_set, column="reason", value_set=list(DISCARD_REASONS)),
@@ -125,6 +133,7 @@ def suites(check_max: int) -> tuple[Suite, ...]:
         Suite(offset.name, "bronze", contract(offset), incremental=True, key=offset.key),
         Suite(consumer.name, "bronze", contract(consumer) + snapshot_rows, incremental=True, key=consumer.key),
         Suite(copy.name, "bronze", contract(copy) + copy_rows, incremental=True, key=copy.key),
+        Suite(topology.name, "bronze", contract(topology) + topology_rows, incremental=True, key=topology.key),
         Suite(
             TXN_LIFECYCLE.name, "silver", contract(TXN_LIFECYCLE) + lifecycle, incremental=True, key=TXN_LIFECYCLE.key
         ),

@@ -123,3 +123,17 @@ DELIVERIES = Schema(
     ),
     key=("consumer_group", "broker_name", "topic", "queue_id", "queue_offset"),
 )
+
+# A view over bronze (created by reconcile): what producers stored on each broker, per topic and minute; the
+# dashboard charts it, one line per broker. A broker that takes no traffic is a line at zero or no line at all.
+BROKER_WRITES = Schema(
+    "broker_writes",
+    (
+        Field("broker_name", "string"),
+        Field("topic", "string", doc="a business topic (a half counts for its REAL_TOPIC)"),
+        Field("minute_ts", "long", doc="the minute, epoch milliseconds"),
+        Field("messages", "long", doc="messages stored in the topic: committed and plain (discards not)"),
+        Field("halves", "long", doc="transactional halves sent for the topic (originals, not check copies)"),
+    ),
+    key=("broker_name", "topic", "minute_ts"),
+)

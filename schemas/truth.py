@@ -36,6 +36,8 @@ KEY_FIELDS = {
     "DEAD_LETTERED": (*QUEUE_KEY, "uniq_key", "dlq_queue_offset", "reconsume_times", "transaction_id"),
     "REDELIVERY_AT_HANDOFF": (*QUEUE_KEY, "old_holder"),
     "SUBSCRIPTION_CONFLICT": ("broker_name", "consumer_group", "event_ts"),
+    "TOPIC_NOT_ON_BROKER": ("cluster", "broker_name", "topic", "reason", "event_ts", "until"),
+    "BROKER_WITHOUT_WRITES": ("cluster", "broker_name", "event_ts", "until"),
 }
 TXN_KEY = ("broker_name", "uniq_key", "reason")
 

@@ -3,6 +3,8 @@ and consumer offsets, and pulls. Every socket call has a timeout. The requests a
 tools send (apache/rocketmq 5.3.3):
 
 - GET_BROKER_CLUSTER_INFO to a name server: `MQClientAPIImpl.getBrokerClusterInfo` (`mqadmin clusterList`).
+- GET_ROUTEINFO_BY_TOPIC to a name server: `MQClientAPIImpl.getTopicRouteInfoFromNameServer`, how a
+  producer learns which brokers take a topic (`mqadmin topicRoute`).
 - GET_ALL_TOPIC_CONFIG to a broker: `MQClientAPIImpl.getAllTopicConfig` (`mqadmin topicList`'s broker
   view); it lists the system topics too, which the name server's topic list may not.
 - GET_ALL_CONSUMER_OFFSET to a broker: `BrokerOuterAPI.getAllConsumerOffset`, how a slave copies its
@@ -187,6 +189,63 @@ def master_brokers(conn: Connection) -> dict[str, tuple[str, str]]:
         table = doc.get("brokerAddrTable") or {}
         return {_text(name): (_text(data["brokerAddrs"]["0"]), _text(data.get("cluster", "")))
                 for name, data in table.items() if "0" in (data.get("brokerAddrs") or {})}  # fmt: skip
+
+
+@dataclass(frozen=True, order=True)
+class Member:
+    """A broker of a cluster as the name server's cluster table lists it."""
+
+    cluster: str
+    broker_name: str
+    broker_id: int  # 0: the master
+    address: str
+
+
+def cluster_members(conn: Connection) -> list[Member]:
+    """Every broker the name server lists, masters and slaves, with its cluster (ClusterInfo.brokerAddrTable)."""
+    answer = _ok(conn, conn.call(remoting.GET_BROKER_CLUSTER_INFO), "its cluster table")
+    doc = _json(conn, answer, "cluster table")
+    with _shaped(conn.address, "cluster table"):
+        table = doc.get("brokerAddrTable") or {}
+        return sorted(
+            Member(_text(data.get("cluster", "")), _text(name), int(i), _text(address))
+            for name, data in table.items()
+            for i, address in (data.get("brokerAddrs") or {}).items()
+        )
+
+
+@dataclass(frozen=True)
+class Queues:
+    """A topic's queues on one broker: in its topic table (TopicConfig) or in a route (QueueData)."""
+
+    read: int
+    write: int
+    perm: int  # PermName: 2 write, 4 read, 1 inherit (a topic the broker made itself)
+
+
+def _queues(cfg: Any) -> Queues:
+    return Queues(int(cfg["readQueueNums"]), int(cfg["writeQueueNums"]), int(cfg["perm"]))
+
+
+def topic_table(conn: Connection) -> tuple[int | None, dict[str, Queues]]:
+    """The broker's topic table: when it last changed (its dataVersion timestamp) and every topic's queues."""
+    answer = _ok(conn, conn.call(remoting.GET_ALL_TOPIC_CONFIG), "its topic list")
+    doc = _json(conn, answer, "topic list")
+    with _shaped(conn.address, "topic list"):
+        stamp = (doc.get("dataVersion") or {}).get("timestamp")
+        table = doc.get("topicConfigTable") or {}
+        return (None if stamp is None else int(stamp)), {_text(t): _queues(cfg) for t, cfg in table.items()}
+
+
+def topic_route(conn: Connection, topic: str) -> dict[str, tuple[str | None, Queues]] | None:
+    """brokerName -> (its cluster, its queues) in the topic's route, or None when the name server has none."""
+    answer = conn.call(remoting.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+    if answer.code == remoting.TOPIC_NOT_EXIST:
+        return None
+    doc = _json(conn, _ok(conn, answer, f"the route of {topic}"), f"route of {topic}")
+    with _shaped(conn.address, f"route of {topic}"):
+        clusters = {_text(b["brokerName"]): _optional_text(b.get("cluster")) for b in doc.get("brokerDatas") or []}
+        return {(name := _text(q["brokerName"])): (clusters.get(name), _queues(q)) for q in doc.get("queueDatas") or []}
 
 
 def topic_queues(conn: Connection) -> dict[str, int]:

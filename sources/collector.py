@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sources import client, remoting
+from sources import client, remoting, topology
 from sources import consumers as consumer_snapshot
 from sources import offsets as offset_table
 from sources.client import Connection, PullResult, Refused, RemotingError
@@ -134,6 +134,8 @@ class Collector:
         # Once set, a pass stops pulling at the end of its round; a `jobs.signals.Stop` names its signal.
         self.stop = stop or threading.Event()
         self.folder = landing / "_collect"
+        # What the last pass's topology snapshot saw: cluster -> master -> its business topics (None: unread).
+        self.seen: dict[str, dict[str, list[str] | None]] = {}
 
     def connect(self, address: str) -> Connection:
         return Connection(address, self.settings.timeout_s, self.creds)
@@ -160,6 +162,7 @@ class Collector:
             return [BrokerRun("", None, started, _now(), errors=[str(e)], refused=isinstance(e, Refused))]
         runs = [self.collect_broker(name, address, cluster) for name, (address, cluster) in sorted(brokers.items())]
         self.snapshot_groups(brokers, runs, run_id)
+        self.snapshot_topology(runs, run_id)
         # A broker collected before that has no master now is down, restarting or failing over.
         for name in sorted({p.stem for p in self.folder.glob("*.json")} - set(brokers)):
             problem = f"{name} has no master registered with the name server (down or restarting); read next pass"
@@ -268,6 +271,57 @@ class Collector:
         stream.close()
         state.offsets.update(current)
         state.snapshots, run.offset_records = seq, len(keys)
+
+    def snapshot_topology(self, runs: list[BrokerRun], run_id: str) -> None:
+        """The cluster's members, each master's business topics and their routes, read in one sweep at the end
+        of the pass (so they agree with each other), into `topology/<run_id>.jsonl`; a table or a route only
+        when it changed (`sources.topology`). A master whose table cannot be read keeps its last one."""
+        by_broker = {r.broker_name: r for r in runs}
+        landed_path = self.folder / "topology" / "landed.json"  # beside, not among, the brokers' states
+        landed = topology.Landed.load(landed_path)
+        try:
+            with self._namesrv() as ns:
+                members = client.cluster_members(ns)
+                taken_ms = int(time.time() * 1000)
+                tables: dict[str, tuple[str | None, topology.Table]] = {}
+                for m in (m for m in members if m.broker_id == 0):
+                    try:
+                        with self.connect(m.address) as conn:
+                            stamp, table = client.topic_table(conn)
+                        tables[m.broker_name] = (m.cluster, (stamp, topology.business(m.broker_name, table)))
+                    except RemotingError as e:
+                        problem = f"topic table not read ({e}); its last one stands"
+                        log.error("collect %s: %s", m.broker_name, problem)
+                        if m.broker_name in by_broker:
+                            by_broker[m.broker_name].errors.append(problem)
+                topics = sorted({t for _, (_, ts) in tables.values() for t in ts})
+                routes = {t: client.topic_route(ns, t) for t in topics}
+        except RemotingError as e:
+            problem = f"no topology snapshot this pass ({e})"
+            log.error("collect: %s", problem)
+            for run in runs:
+                run.errors.append(problem)
+            return
+        self.seen = {}
+        for m in (m for m in members if m.broker_id == 0):
+            read = tables.get(m.broker_name)
+            self.seen.setdefault(m.cluster, {})[m.broker_name] = None if read is None else sorted(read[1][1])
+        records = topology.snapshot(taken_ms, members, tables, routes, landed)
+        durable_write(self.landing / "topology" / f"{run_id}.jsonl",
+                      "".join(ENCODE["topology"](r) + "\n" for r in records))  # fmt: skip
+        landed.save(landed_path)  # after the file: a pass killed between the two lands the changes again
+        log.info("collect: topology of %d broker(s), %d business topic(s), %d records", len(members), len(topics),
+                 len(records))  # fmt: skip
+
+    def _namesrv(self) -> Connection:
+        """A connection to the first name server that answers."""
+        problems = []
+        for address in self.namesrv:
+            try:
+                return self.connect(address)
+            except RemotingError as e:
+                problems.append(str(e))
+        raise RemotingError("no name server answered: " + "; ".join(problems))
 
     def snapshot_groups(self, brokers: dict[str, tuple[str, str]], runs: list[BrokerRun], run_id: str) -> None:
         """Snapshot every consumer group that has committed offsets: each master broker's connection list and

@@ -21,7 +21,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from sources import client, offsets, remoting
+from sources import client, offsets, remoting, topology
 from sources.commitlog import Corrupt, DataEnd, FileEnd, Message, scan
 from sources.fastjson import FastjsonError, loads
 from sources.remoting import Command
@@ -145,11 +145,14 @@ class _Answering:
 
 
 def check_answers(data: bytes) -> None:
-    """Every JSON answer the collector reads (cluster and topic tables, consumer connections and running
-    info, a consume-queue index) is what it needs or a RemotingError."""
+    """Every JSON answer the collector reads (cluster and topic tables, routes, consumer connections and running
+    info, a consume-queue index) is what it needs or a RemotingError; a topics.json is a table or its error."""
     readers: list[Callable[[Any], Any]] = [
         client.master_brokers,
+        client.cluster_members,
         client.topic_queues,
+        client.topic_table,
+        lambda c: client.topic_route(c, "t"),
         lambda c: client.consumer_connections(c, "g"),
         lambda c: client.consumer_running_info(c, "g", "c"),
         lambda c: client.read_by_index(c, "t", 0, 0),
@@ -157,6 +160,9 @@ def check_answers(data: bytes) -> None:
     for read in readers:
         with contextlib.suppress(client.RemotingError):
             read(_Answering(data, view=data[:64]))
+    # A broker's config/topics.json, as export-store reads it: a topic table or its own error.
+    with contextlib.suppress(topology.TopicsFileError):
+        topology.parse_topics_file(data.decode("utf-8", "replace"))
 
 
 # The decoders, their checks and seeds; the seeds are read when asked for.

@@ -58,6 +58,23 @@ def _data() -> dict[str, Any]:
         "dq_runs": [],
         "ingest_runs": [],
         "reconcile_runs": [],
+        # broker-b is a master of the topology that stored nothing: a line at zero.
+        "broker_writes": {"bucket_ms": 60_000, "counts": [(T0, "broker-a", 30), (T0 + 60_000, "broker-a", 20)]},
+        "brokers": ["broker-a", "broker-b"],
+        "topic_gaps": [
+            {
+                "broker_name": "broker-b",
+                "topic": "orders",
+                "reason": "MISSING",
+                "cluster": "C",
+                "since": str(T0),
+                "until": None,
+                "served_by": '["broker-a"]',
+                "fix": "mqadmin updateTopic -c C -t orders -w 4 -r 4",
+                "anomaly_id": "d" * 64,
+            }
+        ],
+        "topic_gaps_total": 1,
     }
 
 
@@ -75,7 +92,11 @@ def test_every_finding_is_drawn_and_keyed() -> None:
     # 3 bars of states (bucket 0: committed; bucket 3: committed + pending), 2 anomaly bars, 1 age bar,
     # 2 op-lag bars, 1 regression circle.
     assert marks == {"transactions by state per 1 s": 3, "anomalies by type per 1 s": 2, "stuck-half age": 1,
-                     "largest op lag per 1 s": 2, "offset regressions": 1}  # fmt: skip
+                     "largest op lag per 1 s": 2, "offset regressions": 1,
+                     "messages stored per broker per 60 s": 4}  # fmt: skip
+    writes = next(body for label, body in charts if label.startswith("messages stored per broker"))
+    assert "broker-b: 0" in writes and "broker-a: 30" in writes and writes.count("<polyline") == 2
+    assert "mqadmin updateTopic -c C -t orders -w 4 -r 4" in html and "d" * 64 in html
     assert "a" * 64 in html and "b" * 64 in html and "c" * 64 in html
     assert "op lag: 5,400" in html
     assert '<tr class="fail">' in html  # the failed expectation stands out

@@ -109,8 +109,8 @@ def test_dashboard_renders_in_headless_chromium(shipped: Shipped, spark: SparkSe
             "    var b = m.getBoundingClientRect(); return a + b.width * b.height; }, 0);"
             "  return [svg.getAttribute('aria-label'), marks.length, area]; })"
         )  # fmt: skip
-        groups = {r["consumer_group"] for r in shipped.table(spark, "deliveries")}  # a chart each, and 5 more
-        assert len(charts) == 5 + len(groups) and all(n > 0 and area > 0 for _, n, area in charts), charts
+        groups = {r["consumer_group"] for r in shipped.table(spark, "deliveries")}  # a chart each, and 6 more
+        assert len(charts) == 6 + len(groups) and all(n > 0 and area > 0 for _, n, area in charts), charts
         anomalies = shipped.table(spark, "anomalies")
         kinds = Counter(a["anomaly_type"] for a in anomalies)
         regression_marks = next(n for label, n, _ in charts if label == "offset regressions")
@@ -121,6 +121,12 @@ def test_dashboard_renders_in_headless_chromium(shipped: Shipped, spark: SparkSe
         rechecked = {c.text for c in driver.find_elements(By.CSS_SELECTOR, "#rechecked td.key") if len(c.text) == 64}
         assert rechecked and rechecked == {a["anomaly_id"] for a in anomalies
                                            if a["anomaly_type"] == "RECHECKED_AFTER_RESOLUTION"}  # fmt: skip
+        # Brokers: a line per master of the topology, broker-c's (never given a topic) at zero; the gaps by id.
+        [writes] = [c for c in driver.find_elements(By.CSS_SELECTOR, "#brokers svg.chart")]
+        drawn = writes.get_attribute("innerHTML") or ""
+        assert len(writes.find_elements(By.TAG_NAME, "polyline")) == 3 and "broker-c: 0" in drawn
+        gaps = {c.text for c in driver.find_elements(By.CSS_SELECTOR, "#topic-gaps td.key") if len(c.text) == 64}
+        assert gaps and gaps == {a["anomaly_id"] for a in anomalies if a["anomaly_type"] == "TOPIC_NOT_ON_BROKER"}
         # The consumer-group view: stranded queues and hand-offs by id, and the group members by client id.
         for table, kind in (("stranded", "STRANDED_QUEUE"), ("handoffs", "REDELIVERY_AT_HANDOFF"),
                             ("conflicts", "SUBSCRIPTION_CONFLICT"), ("dead_letters", "DEAD_LETTERED")):  # fmt: skip

@@ -189,6 +189,18 @@ def test_live_collection_lands_what_export_store_lands(spark: SparkSession, scen
     assert latest[0]["status"] == "ok" and latest[0]["check_backlog"] is not None, latest[0]
     assert any(r["status"] == "failed" and "no master registered" in r["errors"] for r in latest)
 
+    # Topics: export-store's snapshot of config/topics.json holds what the live broker's table last said.
+    def tables(cfg: Config) -> dict[int, set[tuple[Any, ...]]]:
+        found: dict[int, set[tuple[Any, ...]]] = {}
+        for r in (r for r in rows(spark, cfg, "topology") if r["kind"] in ("table", "topic")):
+            queues = {(r["topic"], r["read_queues"], r["write_queues"], r["perm"])} if r["kind"] == "topic" else set()
+            found[r["snapshot_ts"]] = found.get(r["snapshot_ts"], set()) | queues
+        return found
+
+    from_store, collected = tables(warehouses["export"]), tables(warehouses["live"])
+    assert len(from_store) == 1 and list(from_store.values()) == [collected[max(collected)]]
+    assert "TxnTopic" in {t for t, *_ in collected[max(collected)]}, collected
+
 
 @pytest.mark.parametrize("way", ["export", "live"])
 def test_pipeline_matches_what_the_broker_did(spark: SparkSession, scenario: Scenario,

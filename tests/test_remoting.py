@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from schemas.landing import CONSUMER
-from sources import client, offsets, remoting
+from sources import client, offsets, remoting, topology
 from sources import consumers as consumer_snapshot
 from sources.client import HeldQueue
 from sources.collector import BrokerRun, BrokerState, _apply
@@ -69,6 +69,16 @@ def test_cluster_and_topic_tables() -> None:
     assert brokers["broker-a"][0].startswith("127.0.0.1:")
     topics = client.topic_queues(Canned("topic_config"))  # type: ignore[arg-type]
     assert topics[HALF_TOPIC] == 1 and topics["RMQ_SYS_TRANS_OP_HALF_TOPIC"] == 1 and topics["TxnTopic"] == 4
+
+
+def test_members_and_topic_table_for_the_topology() -> None:
+    [member] = client.cluster_members(Canned("cluster_info"))  # type: ignore[arg-type]
+    assert (member.cluster, member.broker_name, member.broker_id) == ("DefaultCluster", "broker-a", 0)
+    stamp, table = client.topic_table(Canned("topic_config"))  # type: ignore[arg-type]
+    assert stamp is not None and stamp > 1_700_000_000_000  # the broker's dataVersion: when it last changed
+    # Its business topics: not the system ones, not those the broker made for itself (its name, its cluster's).
+    assert {"broker-a", "DefaultCluster", HALF_TOPIC} <= set(table)
+    assert topology.business("broker-a", table) == {t: client.Queues(4, 4, 6) for t in ("BulkTopic", "TxnTopic")}
 
 
 def test_pull_answers() -> None:

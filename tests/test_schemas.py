@@ -8,19 +8,25 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
-from schemas import CONSUMER, HALF, LANDING, OFFSET, REAL
+from schemas import CONSUMER, HALF, LANDING, OFFSET, REAL, TOPOLOGY
 from schemas.arrow import to_arrow
 from schemas.model import Field, Schema
 from schemas.spark import to_struct
 
 
 def test_landing_streams_and_keys() -> None:
-    assert set(LANDING) == {"half", "op", "real", "offset", "consumer", "copy"}
+    assert set(LANDING) == {"half", "op", "real", "offset", "consumer", "copy", "topology"}
     assert HALF.key == ("broker_name", "topic", "queue_id", "queue_offset")  # two half topics since RIP-82
     assert HALF.defaults == {"topic": "RMQ_SYS_TRANS_HALF_TOPIC"} and HALF.field("topic").nullable
     assert REAL.key == ("broker_name", "topic", "queue_id", "queue_offset")
     assert "check_times" in HALF.names and HALF.field("check_times").nullable
     assert not HALF.field("uniq_key").nullable
+    # A topology row needs what its kind says: a member its cluster and address, a table or topic row its broker.
+    assert TOPOLOGY.field("address").required_in({"kind": "broker"}) and not TOPOLOGY.field("address").required_in(
+        {"kind": "topic"}
+    )
+    assert TOPOLOGY.field("broker_name").required_in({"kind": "table"})
+    assert not TOPOLOGY.field("broker_name").required_in({"kind": "route"})  # a topic with no route has none
 
 
 def test_spark_struct_matches_definition() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jobs.cli import main
-from sources import offsets
+from sources import client, offsets, topology
 from sources.commitlog import BLANK_MAGIC, ZERO_SPAN, Corrupt, DataEnd, FileEnd, Message, properties, scan
 from sources.records import copy_record, half_log_offset, half_record, real_record, rocksdb_op_record, stream_of
 from tests.store_encoding import encode
@@ -219,3 +219,49 @@ def test_export_store_bad_input_is_one_line(tmp_path: Path, capsys: pytest.Captu
     assert len(landed(tmp_path / "l", "real")) == 1  # what came before it is exported
     state = json.loads((tmp_path / "l" / "_export" / "b.json").read_text())
     assert state["position"] == len(a)
+
+
+TOPICS_JSON = """{
+	"dataVersion":{"counter":3,"stateVersion":0,"timestamp":1767225600123},
+	"topicConfigTable":{
+		"orders":{"order":false,"perm":6,"readQueueNums":8,"topicFilterType":"SINGLE_TAG","topicName":"orders","topicSysFlag":0,"writeQueueNums":8},
+		"archive":{"perm":4,"readQueueNums":2,"topicName":"archive","writeQueueNums":2},
+		"b":{"perm":7,"readQueueNums":1,"topicName":"b","writeQueueNums":1},
+		"DefaultCluster":{"perm":7,"readQueueNums":16,"topicName":"DefaultCluster","writeQueueNums":16},
+		"RMQ_SYS_TRANS_HALF_TOPIC":{"perm":6,"readQueueNums":1,"topicName":"RMQ_SYS_TRANS_HALF_TOPIC","writeQueueNums":1},
+		"%RETRY%g":{"perm":6,"readQueueNums":1,"topicName":"%RETRY%g","writeQueueNums":1}
+	}
+}"""
+
+
+def test_export_store_lands_the_brokers_business_topics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = store_with({0: encode("orders", {"UNIQ_KEY": "a"}) + bytes(64)}, tmp_path / "store")
+    (store / "config").mkdir(exist_ok=True)
+    (store / "config" / "topics.json").write_text(TOPICS_JSON)
+    args = ["export-store", "--store", str(store), "--landing", str(tmp_path / "l"), "--broker-name", "b"]
+    assert main(args) == 0 and "business topics 2;" in capsys.readouterr().out
+    rows = landed(tmp_path / "l", "topology")
+    # A table snapshot at the table's own dataVersion time: a rerun lands the same records (ingest drops them).
+    assert [(r["kind"], r["snapshot_ts"], r.get("topic"), r.get("perm")) for r in rows] == [
+        ("table", 1767225600123, None, None), ("topic", 1767225600123, "archive", 4),
+        ("topic", 1767225600123, "orders", 6)]  # fmt: skip
+    assert rows[0]["table_ts"] == 1767225600123 and all(r["broker_name"] == "b" and "cluster" not in r for r in rows)
+    (store / "config" / "topics.json").write_text('{"topicConfigTable": {"orders": {"perm": "x"}}}')
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "topics.json: not a topic table (KeyError" in err and err.count("\n") == 1
+
+
+def test_topology_snapshot_lands_members_always_and_tables_and_routes_when_they_change() -> None:
+    members = [client.Member("C", "a", 0, "h:1"), client.Member("C", "a", 1, "h:2")]
+    table = (100, {"orders": client.Queues(4, 4, 6)})
+    landed = topology.Landed()
+    first = topology.snapshot(1, members, {"a": ("C", table)}, {"orders": {"a": ("C", client.Queues(4, 4, 6))}},
+                              landed)  # fmt: skip
+    assert [r[1] for r in first] == ["broker", "broker", "table", "topic", "route"]
+    again = topology.snapshot(2, members, {"a": ("C", table)}, {"orders": {"a": ("C", client.Queues(4, 4, 6))}},
+                              landed)  # fmt: skip
+    assert [r[1] for r in again] == ["broker", "broker"]
+    gone = topology.snapshot(3, members[:1], {"a": ("C", (200, {}))}, {"orders": None}, landed)
+    assert [(r[1], r[3], r[6], r[10]) for r in gone] == [
+        ("broker", "a", None, None), ("table", "a", None, 200), ("route", None, "orders", None)]  # fmt: skip

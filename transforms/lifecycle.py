@@ -37,6 +37,9 @@ class Rules:
     stuck_after_ms: int = 60000
     op_grace_ms: int = 10000
     stranded_after_ms: int = 60000
+    route_delay_ms: int = 60000
+    idle_window_ms: int = 60000
+    idle_min_messages: int = 100
 
 
 def up_to(as_of: int, time_col: str) -> Callable[[DataFrame], DataFrame]:

@@ -8,6 +8,7 @@ model's truth agrees with the rules.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -18,6 +19,8 @@ from broker.simulation import Summary, simulate
 from broker.truth import Thresholds
 from schemas import LANDING
 from schemas.truth import TRUTH_TRANSACTION, truth_key
+from transforms.lifecycle import Rules
+from transforms.topology import anomaly_rows, idle_brokers, passes, topic_gaps
 
 DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 
@@ -147,7 +150,26 @@ def reference_findings(
         if before is not None and o["offset"] > before[0] and before[1] and not o.get("client_id"):
             found.add(("OFFSET_JUMP", *q, o["commit_timestamp"], o.get("seq")))
         last_offset[q] = (o["offset"], o.get("client_id"))
+    found |= cluster_findings(records, as_of, thr)
     return states, found | group_findings(records, thr) | dead_letters(records, as_of) | undelivered(records)
+
+
+def cluster_findings(records: dict[str, list[dict[str, Any]]], as_of: int, thr: Thresholds) -> set[tuple[Any, ...]]:
+    """TOPIC_NOT_ON_BROKER and BROKER_WITHOUT_WRITES by the pipeline's own cluster rules (plain Python, so they
+    run here on the records as landed), with the writes counted from the half and real records."""
+    rules = Rules(**{f.name: getattr(thr, f.name) for f in dataclasses.fields(Thresholds)})
+    rows = [{name: r.get(name) for name in LANDING["topology"].names} for r in records["topology"]]
+    writes: dict[tuple[str, int], int] = defaultdict(int)
+    for h in records["half"]:
+        if "check_times" not in h:
+            writes[(h["broker_name"], h["store_timestamp"] // thr.idle_window_ms)] += 1
+    for r in records["real"]:
+        if r["topic"] != DISCARD_TOPIC:
+            writes[(r["broker_name"], r["store_timestamp"] // thr.idle_window_ms)] += 1
+    history = passes(rows)
+    rows_found = anomaly_rows(topic_gaps(history, as_of, rules), idle_brokers(history, writes, as_of, rules), as_of,
+                              thr.idle_window_ms)  # fmt: skip
+    return {_key({**r, "detail": json.loads(r["detail"])}) for r in rows_found}
 
 
 def dead_letters(records: dict[str, list[dict[str, Any]]], as_of: int) -> set[tuple[Any, ...]]:

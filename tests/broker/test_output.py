@@ -66,7 +66,16 @@ def test_pinned_seed_output(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "_truth/meta.json").read_text())
     assert (meta["as_of"], meta["records"], meta["anomalies"]) == (
         1767225660009,
-        {"half": 3, "op": 2, "real": 3, "offset": meta["records"]["offset"], "consumer": 390, "copy": 0},
+        # topology: 7 passes of 2 members, and the first lands both tables (2 + 6 topics) and 3 routes of 2.
+        {
+            "half": 3,
+            "op": 2,
+            "real": 3,
+            "offset": meta["records"]["offset"],
+            "consumer": 390,
+            "copy": 0,
+            "topology": 28,
+        },
         {},
     )
 

@@ -626,6 +626,52 @@ public final class Scenario {
         p.shutdown();
     }
 
+    /** Transactions committed at once, one every 100 ms until stdin closes, to whichever brokers the route names
+     *  (refreshed every pollMs); a line per send names the broker that took it. */
+    static void produce(String namesrv, PrintWriter out, String topic, int pollMs) throws Exception {
+        TransactionMQProducer p = new TransactionMQProducer("PG_CLUSTER", aclHook());
+        p.setNamesrvAddr(namesrv);
+        p.setInstanceName("cluster-producer");
+        p.setPollNameServerInterval(pollMs);
+        p.setTransactionListener(new TransactionListener() {
+            @Override
+            public LocalTransactionState executeLocalTransaction(Message m, Object arg) {
+                return LocalTransactionState.COMMIT_MESSAGE;
+            }
+
+            @Override
+            public LocalTransactionState checkLocalTransaction(MessageExt m) {
+                return LocalTransactionState.COMMIT_MESSAGE;
+            }
+        });
+        p.start();
+        AtomicBoolean open = new AtomicBoolean(true);
+        Thread stdin = new Thread(() -> {
+            try {
+                while (System.in.read() >= 0) {
+                    // commands are not taken: the phase ends when stdin closes
+                }
+            } catch (IOException e) {
+                // closed
+            }
+            open.set(false);
+        });
+        stdin.setDaemon(true);
+        stdin.start();
+        for (int i = 0; open.get(); i++) {
+            try {
+                TransactionSendResult r = p.sendMessageInTransaction(new Message(topic, "c", "cluster-" + i, new byte[16]), null);
+                out.println("{\"kind\":\"sent\",\"broker_name\":\"" + r.getMessageQueue().getBrokerName()
+                    + "\",\"uniq_key\":\"" + r.getMsgId() + "\",\"ts\":" + System.currentTimeMillis() + "}");
+            } catch (Exception e) {
+                out.println("{\"kind\":\"error\",\"ts\":" + System.currentTimeMillis() + "}");
+            }
+            out.flush();
+            Thread.sleep(100);
+        }
+        p.shutdown();
+    }
+
     static DefaultMQAdminExt admin(String namesrv) throws Exception {
         DefaultMQAdminExt admin = new DefaultMQAdminExt();
         admin.setNamesrvAddr(namesrv);
@@ -699,6 +745,9 @@ public final class Scenario {
                     break;
                 case "send":
                     sendPlain(args[1], out, args[3], Integer.parseInt(args[4]), args.length > 5);
+                    break;
+                case "produce":
+                    produce(args[1], out, args[3], Integer.parseInt(args[4]));
                     break;
                 default:
                     throw new IOException("unknown phase " + args[0]);

@@ -116,6 +116,8 @@ class RocketMQ:
     acl: tuple[str, str] | None = None  # an access key and secret: the broker authenticates every request
     version: str = VERSION  # the name server's and broker's (the client is always the main version's)
     extra_conf: tuple[str, ...] = ()  # more broker.conf lines, `key=value`
+    # A broker joining another's cluster: that one's name server home (start this one with `start_broker`).
+    namesrv_home: Path | None = None
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -194,7 +196,7 @@ class RocketMQ:
         self._wait(lambda: self._registrations() > before, "the broker to register with the name server")
 
     def _registrations(self) -> int:
-        logs = self.home("namesrv") / "logs" / "rocketmqlogs"
+        logs = (self.namesrv_home or self.home("namesrv")) / "logs" / "rocketmqlogs"
         return sum(p.read_text(errors="replace").count("new broker registered") for p in logs.glob("*.log"))
 
     def _wait(self, ready: Callable[[], bool], what: str) -> None:
@@ -237,6 +239,18 @@ class RocketMQ:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def mqadmin(namesrv: str, command: str, *args: str, home: Path) -> str:
+    """RocketMQ's own admin tool (`mqadmin COMMAND -n NAMESRV ARGS`), from the fetched jars; its output."""
+    home.mkdir(parents=True, exist_ok=True)
+    cmd = ["java", "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", f"-Duser.home={home}",
+           f"-Drocketmq.home.dir={home}", "-cp", classpath(), "org.apache.rocketmq.tools.command.MQAdminStartup",
+           command, "-n", namesrv, *args]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0 or "Exception" in done.stdout:
+        raise RuntimeError(f"mqadmin {command} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return done.stdout
 
 
 def wait_for(ready: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
