@@ -55,9 +55,28 @@ from transforms.anomalies import OFFSET_KEY, offset_commits, offset_regressions,
 from transforms.consumers import GROUP_TYPES, Refusals, group_anomalies, refusals
 from transforms.deliveries import changing, deliveries, wanted
 from transforms.frames import differing, ranges, union_all, within
-from transforms.lifecycle import ID, Rules, facts, lifecycle, listed_copies, resolutions, resolved_offsets, up_to
+from transforms.lifecycle import (
+    DISCARD_TOPIC,
+    ID,
+    Rules,
+    facts,
+    lifecycle,
+    listed_copies,
+    resolutions,
+    resolved_offsets,
+    up_to,
+)
 from transforms.scope import facts_of, touched_queues, touched_transactions
-from transforms.topology import DISCARD_TOPIC, TOPOLOGY_TYPES, topology_anomalies
+from transforms.topology import (
+    COLUMNS,
+    TOPOLOGY_TYPES,
+    anomaly_rows,
+    changes,
+    idle_brokers,
+    passes,
+    stored_writes,
+    topic_gaps,
+)
 
 log = logging.getLogger(__name__)
 _clock = {"started": time.perf_counter()}
@@ -283,9 +302,18 @@ def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[st
 
 
 def cluster_anomalies(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> DataFrame:
-    """TOPIC_NOT_ON_BROKER and BROKER_WITHOUT_WRITES (`transforms.topology`), recomputed whole every run."""
+    """TOPIC_NOT_ON_BROKER and BROKER_WITHOUT_WRITES (`transforms.topology`), recomputed whole every run: the
+    topology's changes and each broker's writes per window are collected, and the rules run in the driver."""
     topology = frames["topology"]
-    return topology_anomalies(topology.sparkSession, topology, frames["half"], frames["real"], as_of, rules)
+    rows = changes(topology.where(F.col("snapshot_ts") <= as_of)).select(*COLUMNS).collect()
+    history, found = passes(r.asDict() for r in rows), []
+    if history:
+        size = rules.idle_window_ms
+        stored = stored_writes(frames["half"], frames["real"], size, 0, as_of // size * size).collect()
+        writes = {(r["broker_name"], r["window"]): r["messages"] for r in stored}
+        found = anomaly_rows(topic_gaps(history, as_of, rules), idle_brokers(history, writes, as_of, rules), as_of,
+                             size)  # fmt: skip
+    return topology.sparkSession.createDataFrame(found, to_struct(ANOMALIES))
 
 
 def snapshots_up_to(frames: dict[str, DataFrame], as_of: int) -> DataFrame:

@@ -29,8 +29,11 @@ Route = dict[str, tuple[str | None, Queues]] | None  # broker -> (cluster, queue
 def business(broker: str, table: Mapping[str, Queues]) -> dict[str, Queues]:
     """The topics of a broker's table that applications write: not a system topic, not one the broker made
     for itself at start (its name, its cluster's, the reply topic: PERM_INHERIT marks those)."""
-    own = (broker, *[t for t in table if t.endswith(REPLY_SUFFIX)])
-    return {t: q for t, q in table.items() if is_business_topic(t) and not q.perm & PERM_INHERIT and t not in own}
+    return {
+        t: q
+        for t, q in table.items()
+        if is_business_topic(t) and not q.perm & PERM_INHERIT and t != broker and not t.endswith(REPLY_SUFFIX)
+    }
 
 
 def member_record(ts: int, m: Member) -> Record:

@@ -3,8 +3,8 @@ topology stream (schemas.landing.TOPOLOGY) and the writes each broker stored.
 
 The topology is small (a few rows a pass, tables and routes only when they change) and the rules follow it
 pass by pass, so they run in the driver as plain Python over its rows: `passes` rebuilds what each pass saw,
-`topic_gaps` and `idle_brokers` judge it. `topology_anomalies` is the Spark edge: it reads the rows and the
-writes per broker and window, and returns rows of the anomalies schema.
+`topic_gaps` and `idle_brokers` judge it, `anomaly_rows` writes their findings as anomaly rows. `changes` and
+`stored_writes` are what Spark computes for them; reconcile collects both (`jobs.reconcile.cluster_anomalies`).
 
 RocketMQ's own delays are not findings (reference: a broker registers with the name server every 30 s,
 registerNameServerPeriod; a client asks for routes every 30 s, pollNameServerInterval): a topic must be
@@ -23,16 +23,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from schemas.landing import HALF_TOPIC, ROCKSDB_HALF_TOPIC
-from schemas.reconciled import ANOMALIES
-from schemas.spark import to_struct
-from transforms.lifecycle import Rules
+from transforms.lifecycle import DISCARD_TOPIC, Rules
 
 TOPOLOGY_TYPES = ("TOPIC_NOT_ON_BROKER", "BROKER_WITHOUT_WRITES")
-DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+# The columns of the topology the rules read.
+COLUMNS = ("snapshot_ts", "kind", "cluster", "broker_name", "broker_id", "topic", "read_queues", "write_queues",
+           "perm", "table_ts")  # fmt: skip
 PERM_WRITE = 2
 Queues = tuple[int, int, int]  # read, write, perm
 
@@ -306,20 +306,3 @@ def changes(topology_df: DataFrame) -> DataFrame:
         .select("cluster", "snapshot_ts")
     )  # fmt: skip
     return topology_df.where(kind != "broker").unionByName(members.join(kept, ["cluster", "snapshot_ts"], "left_semi"))
-
-
-def topology_anomalies(spark: SparkSession, topology_df: DataFrame, half_df: DataFrame, real_df: DataFrame,
-                       as_of: int, rules: Rules) -> DataFrame:  # fmt: skip
-    """TOPIC_NOT_ON_BROKER and BROKER_WITHOUT_WRITES as of `as_of`, as anomaly rows."""
-    columns = ("snapshot_ts", "kind", "cluster", "broker_name", "broker_id", "topic", "read_queues", "write_queues",
-               "perm", "table_ts")  # fmt: skip
-    rows = [r.asDict() for r in changes(topology_df.where(F.col("snapshot_ts") <= as_of)).select(*columns).collect()]
-    history = passes(rows)
-    found = []
-    if history:
-        size = rules.idle_window_ms
-        stored = stored_writes(half_df, real_df, size, 0, (as_of // size) * size).collect()
-        writes = {(r["broker_name"], r["window"]): r["messages"] for r in stored}
-        found = anomaly_rows(topic_gaps(history, as_of, rules), idle_brokers(history, writes, as_of, rules), as_of,
-                             size)  # fmt: skip
-    return spark.createDataFrame(found, to_struct(ANOMALIES))
