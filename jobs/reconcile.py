@@ -45,6 +45,7 @@ from schemas.reconciled import (
     ANOMALIES,
     BROKER_WRITES,
     DELIVERIES,
+    DELIVERY_COUNTS,
     LIFECYCLE_STATS_COLUMNS,
     OFFSET_COMMITS,
     RECONCILE_RUNS,
@@ -53,7 +54,7 @@ from schemas.reconciled import (
 from schemas.spark import to_struct
 from transforms.anomalies import OFFSET_KEY, offset_commits, offset_regressions, transaction_anomalies
 from transforms.consumers import GROUP_TYPES, Refusals, group_anomalies, refusals
-from transforms.deliveries import changing, deliveries, wanted
+from transforms.deliveries import change_sign, changing, counted, deliveries, wanted
 from transforms.frames import differing, ranges, union_all, within
 from transforms.lifecycle import (
     DISCARD_TOPIC,
@@ -93,7 +94,7 @@ TIME = {"half": "store_timestamp", "op": "store_timestamp", "real": "store_times
 SNAPSHOT_TIME = "snapshot_ts"
 # Anomaly types every run recomputes whole, whatever changed.
 WHOLE_TYPES = ("OFFSET_REGRESSION", *GROUP_TYPES, *TOPOLOGY_TYPES)
-OUTPUTS = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES, DELIVERIES)
+OUTPUTS = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES, DELIVERIES, DELIVERY_COUNTS)
 # Bronze history entries that only add rows (or move them without changing data).
 APPEND_ONLY = {"WRITE": "Append", "OPTIMIZE": None, "CREATE TABLE": None, "SET TBLPROPERTIES": None}
 # Output history entries that leave every row as it was: a compaction lays the same rows out in fewer files.
@@ -381,6 +382,7 @@ def incremental(
         earliest = changed.agg(F.min("store_timestamp")).first()[0]  # type: ignore[index]
         if earliest is not None:
             _merge(spark, config, DELIVERIES, changed, list(DELIVERIES.key), f"t.store_timestamp >= {earliest}")
+            _count_changes(spark, config, last["deliveries_version"], earliest)
         _progress("deliveries merged: %d messages recomputed, %d rows changed", messages.count(), changed.count())
 
     # Independent parts run side by side, in a thread of their own, so that their jobs share the cores (most of a
@@ -415,8 +417,32 @@ def incremental(
 
 def _replace_deliveries(config: Config, df: DataFrame) -> None:
     """Deliveries written whole, in files by store time: the rows a later run changes are recent as a rule,
-    so its merge (bounded by store time) skips the rest."""
+    so its merge (bounded by store time) skips the rest. Their counts are then counted whole too."""
     _replace(config, DELIVERIES, df.repartitionByRange("store_timestamp"))
+    _replace(config, DELIVERY_COUNTS, counted(df.sparkSession.table(config.table(DELIVERIES.name))))
+
+
+def _count_changes(spark: SparkSession, config: Config, since: int, earliest: int) -> None:
+    """Add to `delivery_counts` what the writes to `deliveries` after version `since` changed (its change feed:
+    +1 for a row added, -1 for one taken away), and drop the counts that reach zero. Every changed row is
+    stored at `earliest` or later, so the older counts are skipped."""
+    table = config.table(DELIVERIES.name)
+    changes = (
+        spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", since + 1)
+        .option("endingVersion", table_version(spark, table)).table(table)
+    )  # fmt: skip
+    sums = ("messages", "retries", "duplicates_expected")
+    on = " AND ".join(
+        [f"t.{c} = s.{c}" for c in DELIVERY_COUNTS.key] + [f"t.second_ts >= {earliest - earliest % 1000}"]
+    )
+    (
+        DeltaTable.forName(spark, config.table(DELIVERY_COUNTS.name)).alias("t")
+        .merge(counted(changes, change_sign()).alias("s"), on)
+        .whenMatchedDelete(condition="t.messages + s.messages = 0")
+        .whenMatchedUpdate(set={c: F.col(f"t.{c}") + F.col(f"s.{c}") for c in sums})
+        .whenNotMatchedInsertAll()
+        .execute()
+    )  # fmt: skip
 
 
 def wants_json(df: DataFrame) -> str:

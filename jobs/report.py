@@ -35,6 +35,7 @@ from transforms.consumers import holders, islands, snapshots, subscription_text
 log = logging.getLogger(__name__)
 
 ROWS = 500  # rows per table on the page; the header says when there are more
+PENDING_AGES = {"1m": 60_000, "10m": 600_000, "1h": 3_600_000, "1d": 86_400_000}  # metric label: at least this old
 STUCK_AGE_BINS = ((0, "< 5 min"), (300_000, "5-15 min"), (900_000, "15-60 min"), (3_600_000, "1-6 h"),
                   (21_600_000, "6-24 h"), (86_400_000, "1-3 d"), (259_200_000, "> 3 d"))  # fmt: skip
 
@@ -96,7 +97,7 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     """Everything else the dashboard shows: what reconcile, ingest and collect wrote. It does not read
     `dq_results`, so it can be gathered while the quality suites run."""
     names = ("txn_lifecycle", "anomalies", "ingest_runs", "reconcile_runs", "collect_runs", "consumer_events",
-             "deliveries")  # fmt: skip
+             "deliveries", "delivery_counts")  # fmt: skip
     t = _tables(spark, config, names)
     if "txn_lifecycle" not in t or "anomalies" not in t:
         raise TxnReconError("no reconciled tables yet; run `txn-recon reconcile` (or `txn-recon run`) first")
@@ -118,19 +119,41 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
         }
         data |= _anomaly_tables(keyed, data["anomaly_counts"])
         data |= _group_findings(keyed, data["anomaly_counts"])
-        data["op_lag"] = _op_lag(life)
+        data["op_lag"], lifecycle_figures = _op_lag(life, data["as_of"])
+        findings = _findings(keyed)
     finally:
         keyed.unpersist()
     data["ingest_runs"] = _ingest_runs(t.get("ingest_runs"))
     data["reconcile_runs"] = _reconcile_runs(t.get("reconcile_runs"))
     data["collect_runs"] = _collect_runs(t.get("collect_runs"))
     data |= _groups(t.get("consumer_events"))
-    data["deliveries"] = _deliveries(t.get("deliveries"))
+    counts = t.get("delivery_counts")
+    data["deliveries"] = _deliveries(counts, t.get("deliveries"))
     shown = [r["consumer_group"] for r in data["deliveries"]]
-    per_group = _over_time_by(t["deliveries"], F.col("store_timestamp"), "status", "consumer_group") if shown else {}
+    per_group = {}
+    if counts is not None and shown:
+        per_group = _over_time_by(counts, F.col("second_ts"), "status", "consumer_group", F.col("messages"))
     data["deliveries_over_time"] = {group: per_group.get(group, _no_times()) for group in shown}
     data |= _brokers(spark, config, t["anomalies"], data["anomaly_counts"])
+    # What `txn-recon serve` exports as metrics, from the same reads: a cycle reads each table once.
+    data["figures"] = {"as_of": data["as_of"], **findings, **lifecycle_figures, "deliveries": data["deliveries"]}
     return data
+
+
+def _findings(keyed: DataFrame) -> dict[str, list[dict[str, Any]]]:
+    """The findings per type and consumer group with the messages their UNDELIVERED findings count, and the
+    cluster findings going on."""
+
+    def lost(field: str) -> Column:
+        return F.sum(F.when(F.col("anomaly_type") == "UNDELIVERED", _detail(field).cast("long"))).alias(field)
+
+    per_group = keyed.groupBy("anomaly_type", "consumer_group").agg(
+        F.count(F.lit(1)).alias("count"), lost("messages"), lost("at_most")
+    )
+    ongoing = keyed.where(
+        F.col("anomaly_type").isin("TOPIC_NOT_ON_BROKER", "BROKER_WITHOUT_WRITES") & (_detail("ongoing") == "true")
+    ).select("anomaly_type", "broker_name", "topic", _detail("cluster"))
+    return {"findings": [r.asDict() for r in per_group.collect()], "ongoing": [r.asDict() for r in ongoing.collect()]}
 
 
 def _brokers(spark: SparkSession, config: Config, anomalies: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
@@ -165,18 +188,33 @@ def _brokers(spark: SparkSession, config: Config, anomalies: DataFrame, counts: 
     }
 
 
-def _deliveries(deliveries: DataFrame | None) -> list[dict[str, Any]]:
-    """Per group: the messages it wants and what became of them (the README's query of the same)."""
-    if deliveries is None:
+def _deliveries(counts: DataFrame | None, deliveries: DataFrame | None) -> list[dict[str, Any]]:
+    """Per group: the messages it wants and what became of them (the README's query of the same), from
+    `delivery_counts`; the oldest pending message is looked up in `deliveries` within the second the counts
+    name (its files by store time: Delta skips the others)."""
+    if counts is None or deliveries is None:
         return []
-    status = F.col("status")
-    per_group = deliveries.groupBy("consumer_group").agg(
-        F.count(F.lit(1)).alias("wanted"),
-        *(F.count(F.when(status == s, 1)).alias(s.lower()) for s in DELIVERY_STATUSES),
-        F.max("pending_ms").alias("oldest_pending_ms"), F.sum("retries").alias("retries"),
-        F.sum("duplicates_expected").alias("duplicates_expected"),
+    status, n = F.col("status"), F.col("messages")
+    per_group = counts.groupBy("consumer_group").agg(
+        F.sum(n).alias("wanted"),
+        *(F.sum(F.when(status == s, n).otherwise(0)).alias(s.lower()) for s in DELIVERY_STATUSES),
+        F.min(F.when(status == "PENDING", F.col("second_ts"))).alias("_pending_since"),
+        F.sum("retries").alias("retries"), F.sum("duplicates_expected").alias("duplicates_expected"),
     )  # fmt: skip
-    return _rows(per_group.orderBy("consumer_group"), per_group.columns, ROWS)
+    rows = per_group.orderBy("consumer_group").collect()  # a row per group: every one
+    since = [r["_pending_since"] for r in rows if r["_pending_since"] is not None]
+    oldest: dict[str, int] = {}
+    if since:
+        window = F.col("store_timestamp").between(min(since), max(since) + 999)
+        pending = deliveries.where((status == "PENDING") & window).groupBy("consumer_group").agg(F.max("pending_ms"))
+        oldest = {r[0]: r[1] for r in pending.collect()}
+    statuses = [s.lower() for s in DELIVERY_STATUSES]
+    return [
+        {"consumer_group": r["consumer_group"], "wanted": r["wanted"], **{s: r[s] for s in statuses},
+         "oldest_pending_ms": oldest.get(r["consumer_group"]), "retries": r["retries"],
+         "duplicates_expected": r["duplicates_expected"]}
+        for r in rows
+    ]  # fmt: skip
 
 
 def _anomaly_tables(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
@@ -305,17 +343,23 @@ def _over_time(df: DataFrame, ts: Column, group: str) -> dict[str, Any]:
     return _over_time_by(df.withColumn("_all", F.lit(True)), ts, group, "_all").get(True, _no_times())
 
 
-def _over_time_by(df: DataFrame, ts: Column, group: str, by: str) -> dict[Any, dict[str, Any]]:
+def _over_time_by(
+    df: DataFrame, ts: Column, group: str, by: str, weight: Column | None = None
+) -> dict[Any, dict[str, Any]]:
     """`_over_time` of the rows of each value of `by` (its buckets sized to its own span), in two passes over
-    `df` for every value together: the deliveries' charts, one per consumer group, took two passes each."""
-    timed = df.select(F.col(by).alias("_by"), ts.alias("ts"), group)
+    `df` for every value together: the deliveries' charts, one per consumer group, took two passes each. With
+    `weight`, each row counts that much (rows that are counts already)."""
+    timed = df.select(
+        F.col(by).alias("_by"), ts.alias("ts"), group, (F.lit(1) if weight is None else weight).alias("_n")
+    )
     timed = timed.where(F.col("ts").isNotNull() & F.col("_by").isNotNull())
     spans = timed.groupBy("_by").agg(F.min("ts").alias("first"), F.max("ts").alias("last")).collect()
     widths = {r["_by"]: bucket_ms(r["first"], r["last"]) for r in spans}
     if not widths:
         return {}
     width = F.create_map(*(F.lit(v) for pair in widths.items() for v in pair))[F.col("_by")]
-    counts = timed.groupBy("_by", (F.floor(F.col("ts") / width) * width).alias("bucket"), group).count().collect()
+    bucket = (F.floor(F.col("ts") / width) * width).alias("bucket")
+    counts = timed.groupBy("_by", bucket, group).agg(F.sum("_n").alias("count")).collect()
     out: dict[Any, dict[str, Any]] = {value: {"bucket_ms": w, "counts": []} for value, w in widths.items()}
     for r in counts:
         out[r["_by"]]["counts"].append((int(r["bucket"]), r[group], r["count"]))
@@ -326,23 +370,34 @@ def _no_times() -> dict[str, Any]:
     return {"bucket_ms": 1000, "counts": []}
 
 
-def _op_lag(life: DataFrame) -> dict[str, Any]:
+def _op_lag(life: DataFrame, as_of: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Op lag per time bucket of the commit: how long after a transaction's first final message the op
     resolving it was stored, the largest per bucket. A lag past the check timeout lets the check service
-    reach committed transactions: the early warning of RECHECKED_AFTER_RESOLUTION and duplicate commits."""
+    reach committed transactions: the early warning of RECHECKED_AFTER_RESOLUTION and duplicate commits.
+    Beside it, from the same pass over the lifecycle, what the metrics show of it: the lag's quantiles in
+    seconds ("0.5", "0.99", "1") and the transactions pending at `as_of` at least each of PENDING_AGES old."""
     lag = F.col("resolved_ts") - F.col("first_commit_ts")
-    timed = life.select(F.col("first_commit_ts").alias("ts"), lag.alias("lag")).where(F.col("lag") >= 0)
-    first, last = timed.agg(F.min("ts"), F.max("ts")).collect()[0]
+    shown = F.when(lag >= 0, F.col("first_commit_ts"))
+    old = [F.count_if((F.col("state") == "PENDING") & (F.lit(as_of) - F.col("born_ts") >= ms)).alias(label)
+           for label, ms in PENDING_AGES.items()] if as_of is not None else []  # fmt: skip
+    first, last, quantiles, most, *pending = life.agg(
+        F.min(shown), F.max(shown), F.percentile_approx(lag / 1000, [0.5, 0.99]), F.max(lag / 1000), *old
+    ).collect()[0]
+    figures = {
+        "op_lag_seconds": {} if most is None else {"0.5": quantiles[0], "0.99": quantiles[1], "1": most},
+        "pending": dict(zip(PENDING_AGES, pending, strict=True)) if as_of is not None else {},
+    }
     if first is None:
-        return {"bucket_ms": 1000, "rows": []}
+        return {"bucket_ms": 1000, "rows": []}, figures
     width = bucket_ms(first, last)
     rows = (
-        timed.groupBy((F.floor(F.col("ts") / width) * width).alias("bucket"))
-        .agg(F.max("lag").alias("max_ms"))
+        life.where(lag >= 0)
+        .groupBy((F.floor(F.col("first_commit_ts") / width) * width).alias("bucket"))
+        .agg(F.max(lag).alias("max_ms"))
         .orderBy("bucket")
         .collect()
     )
-    return {"bucket_ms": width, "rows": [(int(r["bucket"]), int(r["max_ms"])) for r in rows]}
+    return {"bucket_ms": width, "rows": [(int(r["bucket"]), int(r["max_ms"])) for r in rows]}, figures
 
 
 def _age_bins(stuck: DataFrame) -> list[tuple[str, int]]:

@@ -42,7 +42,7 @@ from jobs.jars import local_jars
 from jobs.lock import folder_lock, warehouse_lock
 from jobs.running import address_file
 from jobs.runs import new_run_id
-from jobs.session import build_session
+from jobs.session import build_session, jobs_started
 from jobs.signals import Stop, stop_on_signals
 from jobs.web import Health, Metrics, start_http
 from schemas.service import SERVE_CYCLES, STEPS
@@ -66,11 +66,13 @@ class Cycle:
     cycle_id: str
     started_at: dt.datetime
     seconds: dict[str, float] = field(default_factory=dict)
+    jobs: dict[str, int] = field(default_factory=dict)  # Spark jobs per step run
     inserted: int = 0
     quarantined: int = 0
     anomalies: dict[str, int] | None = None
     quality_failed: int | None = None
     error: str | None = None
+    figures: dict[str, Any] | None = None  # what the metrics show of the tables, read by the report step
     idle: bool = False
     stopped: bool = False
     finished_at: dt.datetime | None = None
@@ -85,7 +87,7 @@ class Cycle:
             "status": self.status, **{f"{s}_s": self.seconds.get(s) for s in STEPS}, "inserted": self.inserted,
             "quarantined": self.quarantined,
             "anomalies": None if self.anomalies is None else sum(self.anomalies.values()),
-            "quality_failed": self.quality_failed, "error": self.error,
+            "quality_failed": self.quality_failed, "spark_jobs": sum(self.jobs.values()), "error": self.error,
         }  # fmt: skip
 
 
@@ -119,7 +121,7 @@ class Engine:
             if (name == "collect" and self.collector is None) or (name == "compact" and not self.compaction_due()):
                 continue
             log.info("cycle %d: %s", self.cycles + 1, name)
-            started = time.perf_counter()
+            started, jobs = time.perf_counter(), jobs_started(self.spark)
             try:
                 step(c)
             except EngineError:
@@ -132,6 +134,8 @@ class Engine:
                 break
             finally:
                 c.seconds[name] = round(time.perf_counter() - started, 3)
+                with contextlib.suppress(Exception):  # the JVM may be gone: the error says so
+                    c.jobs[name] = jobs_started(self.spark) - jobs
         self.settle()
         c.finished_at = dt.datetime.now(dt.UTC).replace(tzinfo=None)
         self.cycles += 1
@@ -172,7 +176,9 @@ class Engine:
         page. Its seconds are what the report added to the cycle beyond quality."""
         gathering, self.gathering = self.gathering, None
         assert gathering is not None
-        report.write_report(self.spark, self.config, reconciled=gathering.result())
+        reconciled = gathering.result()
+        c.figures = reconciled["figures"]
+        report.write_report(self.spark, self.config, reconciled=reconciled)
 
     def compaction_due(self) -> bool:
         every = self.config.serve.compact_every_cycles
@@ -315,12 +321,18 @@ def run(args: argparse.Namespace, config: Config) -> int:
             while not stop.is_set():
                 started = time.monotonic()
                 c = engine.cycle()
+                # Reading the tables for the metrics is part of what a cycle costs: timed and counted with it.
+                jobs, read = jobs_started(spark), time.perf_counter()
+                metrics.update(spark, config, c, c.figures)
+                c.seconds["metrics"] = round(time.perf_counter() - read, 3)
+                c.jobs["metrics"] = jobs_started(spark) - jobs
                 record(spark, config, c)
-                metrics.update(spark, config, c)
                 health.cycle_done(c.status != "failed")
                 print(f"txn-recon serve: cycle {engine.cycles} {c.status}: inserted {c.inserted}"
                       + ("" if c.anomalies is None else f", {sum(c.anomalies.values())} findings")
                       + "".join(f", {k} {v:.1f} s" for k, v in c.seconds.items())
+                      + (f", Spark jobs {sum(c.jobs.values())} ({', '.join(f'{k} {v}' for k, v in c.jobs.items())})"
+                         if c.jobs else "")
                       + (f"; {c.error}" if c.error else ""), flush=True)  # fmt: skip
                 stop.wait(max(every - (time.monotonic() - started), 0))
         finally:

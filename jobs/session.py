@@ -65,6 +65,12 @@ def build_session(config: Config) -> SparkSession:
     return spark
 
 
+def jobs_started(spark: SparkSession) -> int:
+    """How many Spark jobs this session has started: the DAG scheduler's own counter (job ids are handed out
+    in order), exact however few jobs the status store retains."""
+    return int(spark.sparkContext._jsc.sc().dagScheduler().numTotalJobs())
+
+
 def _quiet_accumulator_server(spark: SparkSession) -> None:
     """PySpark's accumulator server, a thread of this process, prints a Python traceback when its
     connection from the JVM breaks, which happens whenever the JVM dies. The job reports that failure in

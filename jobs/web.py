@@ -1,6 +1,6 @@
 """What `txn-recon serve` shows over HTTP: /metrics in Prometheus' text format, /healthz, the latest
-dashboard at /, and the manual at /docs/. The figures are read from the tables after each cycle, so a scrape
-costs no Spark work."""
+dashboard at /, and the manual at /docs/. The figures come from each cycle's own reads of the tables (most
+from the dashboard's gathering), so a scrape costs no Spark work."""
 
 from __future__ import annotations
 
@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from jobs.config import CONF_DIR, Config, host_port
 from jobs.errors import TxnReconError
+from schemas.quality import DELIVERY_STATUSES
 from transforms.topology import stored_writes
 
 if TYPE_CHECKING:
     from jobs.serve import Cycle
 
 log = logging.getLogger(__name__)
-STUCK_AGES = {"1m": 60_000, "10m": 600_000, "1h": 3_600_000, "1d": 86_400_000}  # label: pending at least this long
 
 
 class Metrics:
@@ -66,13 +66,17 @@ class Metrics:
         self.as_of = Gauge("txn_recon_data_time_seconds", "The data time of the last reconcile", registry=r)
         self.step_seconds = Gauge("txn_recon_last_cycle_step_seconds", "Seconds each step of the last cycle took",
                                   ["step"], registry=r)  # fmt: skip
+        self.step_jobs = Gauge("txn_recon_last_cycle_step_spark_jobs", "Spark jobs each step of the last cycle ran",
+                               ["step"], registry=r)  # fmt: skip
         self.last_ok = Gauge("txn_recon_last_cycle_ok", "1 if the last cycle did not fail", registry=r)
         self.last_end = Gauge("txn_recon_last_cycle_timestamp_seconds", "When the last cycle ended", registry=r)
         self.good_end = Gauge("txn_recon_last_good_cycle_timestamp_seconds", "When the last cycle that did not "
                               "fail ended", registry=r)  # fmt: skip
         self.cycles = Counter("txn_recon_cycles", "Cycles run since the start, by status", ["status"], registry=r)
 
-    def update(self, spark: SparkSession, config: Config, cycle: Cycle) -> None:
+    def update(self, spark: SparkSession, config: Config, cycle: Cycle, figures: dict[str, Any] | None) -> None:
+        """The cycle's own figures, and those the dashboard's gathering read from the tables (`figures`, from
+        `jobs.report.gather_reconciled`); a cycle that drew no dashboard leaves the table figures as they were."""
         now = time.time()
         self.cycles.labels(cycle.status).inc()
         self.last_end.set(now)
@@ -82,45 +86,60 @@ class Metrics:
         self.step_seconds.clear()
         for step, seconds in cycle.seconds.items():
             self.step_seconds.labels(step).set(seconds)
-        if cycle.anomalies is not None:
+        self.step_jobs.clear()
+        for step, jobs in cycle.jobs.items():
+            self.step_jobs.labels(step).set(jobs)
+        if figures is not None:
             try:
-                self._read_tables(spark, config)
+                self._show(figures)
+                self._read_tables(spark, config, int(figures["as_of"]))
             except Exception as e:  # a scrape shows the last figures; the next cycle reads them again
                 log.warning("metrics: could not read the tables (%s)", e)
 
-    def _read_tables(self, spark: SparkSession, config: Config) -> None:
-        def lost(field: str) -> Column:
-            count = F.get_json_object("detail", f"$.{field}").cast("long")
-            return F.sum(F.when(F.col("anomaly_type") == "UNDELIVERED", count)).alias(field)
-
-        findings = (spark.table(config.table("anomalies")).groupBy("anomaly_type", "consumer_group")
-                    .agg(F.count(F.lit(1)).alias("count"), lost("messages"), lost("at_most")).collect())  # fmt: skip
+    def _show(self, figures: dict[str, Any]) -> None:
         self.findings.clear()
         self.undelivered.clear()
         self.undelivered_at_most.clear()
-        for r in findings:
+        for r in figures["findings"]:
             self.findings.labels(r["anomaly_type"], r["consumer_group"] or "").set(r["count"])
             if r["messages"] is not None:
                 self.undelivered.labels(r["consumer_group"]).set(r["messages"])
                 self.undelivered_at_most.labels(r["consumer_group"]).set(r["at_most"])
-        [run] = spark.table(config.table("reconcile_runs")).orderBy(F.desc("finished_at")).limit(1).collect()
-        as_of = int(run["as_of"])
-        self.as_of.set(as_of / 1000)
-        self._read_cluster(spark, config, as_of)
-        life = spark.table(config.table("txn_lifecycle"))
-        lag = (F.col("resolved_ts") - F.col("first_commit_ts")) / 1000
-        [lags] = life.where(lag.isNotNull()).select(
-            F.percentile_approx(lag, [0.5, 0.99]).alias("q"), F.max(lag).alias("max")).collect()  # fmt: skip
+        self.as_of.set(figures["as_of"] / 1000)
         self.op_lag.clear()
-        if lags["max"] is not None:
-            for label, value in (("0.5", lags["q"][0]), ("0.99", lags["q"][1]), ("1", lags["max"])):
-                self.op_lag.labels(label).set(value)
-        pending = life.where("state = 'PENDING'").select(
-            *(F.count_if(F.lit(as_of) - F.col("born_ts") >= ms).alias(label) for label, ms in STUCK_AGES.items())
-        ).collect()[0]  # fmt: skip
-        for label in STUCK_AGES:
-            self.stuck.labels(label).set(pending[label])
-        self._read_deliveries(spark, config)
+        for quantile, seconds in figures["op_lag_seconds"].items():
+            self.op_lag.labels(quantile).set(seconds)
+        for label, n in figures["pending"].items():
+            self.stuck.labels(label).set(n)
+        self.deliveries.clear()
+        self.oldest_pending.clear()
+        for r in figures["deliveries"]:
+            for status in DELIVERY_STATUSES:
+                if r[status.lower()]:
+                    self.deliveries.labels(r["consumer_group"], status).set(r[status.lower()])
+            if r["oldest_pending_ms"] is not None:
+                self.oldest_pending.labels(r["consumer_group"]).set(r["oldest_pending_ms"] / 1000)
+        self.topic_missing.clear()
+        self.idle.clear()
+        self.broker_writes.clear()
+        missing: dict[tuple[str, str], int] = {}
+        for r in figures["ongoing"]:
+            if r["anomaly_type"] == "TOPIC_NOT_ON_BROKER":
+                missing[(r["cluster"], r["topic"])] = missing.get((r["cluster"], r["topic"]), 0) + 1
+            else:
+                self.idle.labels(r["cluster"], r["broker_name"]).set(1)
+                self.broker_writes.labels(r["broker_name"]).set(0)  # it stored nothing: a series at zero, not none
+        for (cluster, topic), n in missing.items():
+            self.topic_missing.labels(cluster, topic).set(n)
+
+    def _read_tables(self, spark: SparkSession, config: Config, as_of: int) -> None:
+        """What the dashboard does not gather: each broker's writes in the last window (its store times bound
+        the read: Delta skips older files) and the check service's backlogs at the last collect."""
+        size = config.thresholds.idle_window_ms
+        last = (as_of // size - 1) * size
+        half, real = (spark.table(config.table(f"{s}_events")) for s in ("half", "real"))
+        for r in stored_writes(half, real, size, last, last + size).collect():
+            self.broker_writes.labels(r["broker_name"]).set(r["messages"])
         if spark.catalog.tableExists(config.table("collect_runs")):
             latest = (spark.table(config.table("collect_runs")).where("broker_name IS NOT NULL")
                       .groupBy("broker_name").agg(F.max_by(F.struct("check_backlog", "op_backlog"), "started_at")
@@ -132,45 +151,6 @@ class Metrics:
                     self.check_backlog.labels(r["broker_name"]).set(r["b"]["check_backlog"])
                 if r["b"]["op_backlog"] is not None:
                     self.op_backlog.labels(r["broker_name"]).set(r["b"]["op_backlog"])
-
-    def _read_cluster(self, spark: SparkSession, config: Config, as_of: int) -> None:
-        """The cluster rules' findings going on, and each broker's writes in the last window (its store times
-        bound the read: Delta skips older files)."""
-        detail = F.col("detail")
-        ongoing = (spark.table(config.table("anomalies"))
-                   .where(F.col("anomaly_type").isin("TOPIC_NOT_ON_BROKER", "BROKER_WITHOUT_WRITES")
-                          & (F.get_json_object(detail, "$.ongoing") == "true"))
-                   .select("anomaly_type", "broker_name", "topic",
-                           F.get_json_object(detail, "$.cluster").alias("cluster")).collect())  # fmt: skip
-        self.topic_missing.clear()
-        self.idle.clear()
-        self.broker_writes.clear()
-        missing: dict[tuple[str, str], int] = {}
-        for r in ongoing:
-            if r["anomaly_type"] == "TOPIC_NOT_ON_BROKER":
-                missing[(r["cluster"], r["topic"])] = missing.get((r["cluster"], r["topic"]), 0) + 1
-            else:
-                self.idle.labels(r["cluster"], r["broker_name"]).set(1)
-                self.broker_writes.labels(r["broker_name"]).set(0)  # it stored nothing: a series at zero, not none
-        for (cluster, topic), n in missing.items():
-            self.topic_missing.labels(cluster, topic).set(n)
-        size = config.thresholds.idle_window_ms
-        last = (as_of // size - 1) * size
-        half, real = (spark.table(config.table(f"{s}_events")) for s in ("half", "real"))
-        for r in stored_writes(half, real, size, last, last + size).collect():
-            self.broker_writes.labels(r["broker_name"]).set(r["messages"])
-
-    def _read_deliveries(self, spark: SparkSession, config: Config) -> None:
-        self.deliveries.clear()
-        self.oldest_pending.clear()
-        if not spark.catalog.tableExists(config.table("deliveries")):
-            return
-        rows = (spark.table(config.table("deliveries")).groupBy("consumer_group", "status")
-                .agg(F.count(F.lit(1)).alias("n"), F.max("pending_ms").alias("oldest")).collect())  # fmt: skip
-        for r in rows:
-            self.deliveries.labels(r["consumer_group"], r["status"]).set(r["n"])
-            if r["oldest"] is not None:
-                self.oldest_pending.labels(r["consumer_group"]).set(r["oldest"] / 1000)
 
 
 @dataclass

@@ -92,6 +92,7 @@ RECONCILE_RUNS = Schema(
         Field("started_at", "timestamp"),
         Field("finished_at", "timestamp"),
         Field("deliveries_version", "long", nullable=True, doc="null: written by an older version, whole"),
+        Field("delivery_counts_version", "long", nullable=True, doc="null: written by an older version"),
         Field(
             "wants",
             "string",
@@ -122,6 +123,22 @@ DELIVERIES = Schema(
         Field("pending_ms", "long", nullable=True, doc="its age while PENDING, at the last reconcile run's as_of"),
     ),
     key=("consumer_group", "broker_name", "topic", "queue_id", "queue_offset"),
+)
+
+# Gold: the deliveries counted per group, status and second of store time, kept by reconcile from the changes
+# of every write to `deliveries` (transforms/deliveries.py `counted`). What the dashboard and the metrics show
+# of deliveries is read from it: its size follows the seconds that hold messages, not the messages.
+DELIVERY_COUNTS = Schema(
+    "delivery_counts",
+    (
+        Field("consumer_group", "string"),
+        Field("status", "string"),
+        Field("second_ts", "long", doc="the second of the messages' store time, epoch milliseconds"),
+        Field("messages", "long", doc="deliveries rows of the group, status and second"),
+        Field("retries", "long", doc="their retries, summed"),
+        Field("duplicates_expected", "long", doc="their duplicates_expected, summed"),
+    ),
+    key=("consumer_group", "status", "second_ts"),
 )
 
 # A view over bronze (created by reconcile): what producers stored on each broker, per topic and minute; the

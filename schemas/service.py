@@ -24,6 +24,12 @@ SERVE_CYCLES = Schema(
         Field("quarantined", "long"),
         Field("anomalies", "long", nullable=True, doc="findings after this cycle's reconcile"),
         Field("quality_failed", "long", nullable=True, doc="failed expectations of this cycle's checks"),
+        Field(
+            "spark_jobs",
+            "long",
+            nullable=True,
+            doc="Spark jobs the cycle's steps and its metrics ran (Spark's own count; recording this row is not in it)",
+        ),
         Field("error", "string", nullable=True, doc="the failed step's one line"),
     ),
     key=("cycle_id",),

@@ -180,6 +180,12 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
     statuses = {r["status"]: int(r["n"]) for r in restarted.sql(
         "SELECT status, count(*) AS n FROM txn_recon.serve_cycles GROUP BY status")}  # fmt: skip
     assert "failed" not in statuses and statuses.get("ok", 0) >= 2, statuses
+    # Each cycle counts the Spark jobs its steps ran, from Spark's own counter: the line, the row and the metric.
+    printed = [int(n) for n in re.findall(r"cycle \d+ ok: .*, Spark jobs (\d+) \(", restarted.text())]
+    jobs = [int(r["spark_jobs"]) for r in restarted.sql(
+        "SELECT spark_jobs FROM txn_recon.serve_cycles WHERE status = 'ok' ORDER BY started_at")]  # fmt: skip
+    assert printed and all(n > 0 for n in jobs) and set(printed) <= set(jobs), (printed, jobs)
+    assert metric(restarted.get("/metrics")[1], "txn_recon_last_cycle_step_spark_jobs")
     # Every second cycle (an idle one too) joins the small files that each cycle adds to the tables, such as
     # a row per stream in ingest_files; reconcile goes on incrementally all the same.
     assert re.search(r"ingest_files: \d+ small files joined into 1\n", restarted.text()), restarted.text()[-3000:]

@@ -22,7 +22,7 @@ restarts below it (REDELIVERY_AT_HANDOFF) and committed offsets that went back p
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from transforms.consumers import QUEUE, Refusals, refused_messages, tag_matches
@@ -177,3 +177,24 @@ def changing(real_df: DataFrame, new_real_df: DataFrame, consumer_df: DataFrame,
         how="left_semi",
     )
     return tail.unionByName(in_windows).dropDuplicates(MESSAGE)
+
+
+def counted(deliveries_df: DataFrame, sign: Column | None = None) -> DataFrame:
+    """The `delivery_counts` rows of deliveries rows: per group, status and second of store time, how many and
+    their retries and duplicates expected. With `sign` (+1 or -1 per row), the signed sums of change rows:
+    what to add to the counts (rows whose sums are all zero left out)."""
+    n = F.lit(1) if sign is None else sign
+    sums = (
+        deliveries_df.groupBy("consumer_group", "status", (F.col("store_timestamp") - F.col("store_timestamp") % 1000)
+                              .alias("second_ts"))
+        .agg(F.sum(n).alias("messages"), F.sum(n * F.col("retries")).alias("retries"),
+             F.sum(n * F.col("duplicates_expected")).alias("duplicates_expected"))
+    )  # fmt: skip
+    if sign is None:
+        return sums
+    return sums.where((F.col("messages") != 0) | (F.col("retries") != 0) | (F.col("duplicates_expected") != 0))
+
+
+def change_sign() -> Column:
+    """+1 for a row a change feed adds (insert, update_postimage), -1 for one it takes away."""
+    return F.when(F.col("_change_type").isin("insert", "update_postimage"), 1).otherwise(-1)

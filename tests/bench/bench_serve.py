@@ -1,17 +1,20 @@
 """`make bench-serve`: what a serve cycle costs that brings about 1,000 new transactions to a warehouse
-that already holds N reconciled ones (BENCH_TRANSACTIONS, default "1000000 2000000").
+that already holds N reconciled ones (BENCH_TRANSACTIONS, default "10000 1000000").
 
 For each N the model simulates N + 1,000 transactions of the default profile as Parquet, split by event
 time into `base` and `tail` (the last 1,000 / (N + 1,000) of events, about 1,000 transactions at every N, so
 that the cycles differ only by the warehouse; landing/bench-serve-N+1000, reused when it is there).
 `txn-recon ingest` and `reconcile` make the warehouse from `base`; then `txn-recon serve` starts on it
 with a cycle every 5 s. Its first cycle finds nothing new but, after a start, runs every step once (the
-warm-up); then `tail` lands and the next cycle brings it in. Printed: that cycle's status and seconds per
-step from serve's own line (collect excluded: nothing to collect here), and the peak resident memory of
-serve's process tree; serve's log is kept in artifacts/bench-logs. Then, on the same warehouse, the floor
-of that cycle (`tests.bench.floor cycle`): what Delta alone takes, warm, to write and read the rows the
-cycle wrote, with no rule, expectation or dashboard, and the same with the outputs appended instead of
-merged; its steps are kept beside serve's log. A benchmark, not a test: nothing asserts on time.
+warm-up); then `tail` lands and the next cycle brings it in. Printed: that cycle's status, seconds per step
+and Spark jobs from serve's own line (the metrics' reading of the tables included; collect excluded:
+nothing to collect here), and the peak resident memory of serve's process tree; serve's log is kept in
+artifacts/bench-logs. Then, on the same warehouse, the floor of that cycle (`tests.bench.floor cycle`):
+what Delta alone takes, warm, to write and read the rows the cycle wrote, with no rule, expectation or
+dashboard, and the same with the outputs appended instead of merged; its steps are kept beside serve's
+log. The last line puts the sizes side by side, "cycle ratio 1M/10k X; cycle/floor Y; jobs Z": the
+cycle on the largest warehouse over the same on the smallest, and the largest cycle/floor and job count
+of any size. A benchmark, not a test: nothing asserts on time.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from tests.bench.bench_reconcile import TXN_RECON, _hwm_kib, _tree, timed, timed
 NEW_TRANSACTIONS = 1_000  # what the measured cycle brings, whatever the warehouse holds
 LOGS = ROOT / "artifacts" / "bench-logs"
 CYCLE = re.compile(r"txn-recon serve: cycle (\d+) (\w+): inserted (\d+)(.*)")
+JOBS = re.compile(r", Spark jobs (\d+) \(")
 APPENDED = re.compile(r"floor done, outputs appended \(([\d.]+) s\)")
 
 
@@ -62,9 +66,21 @@ def _status(m: re.Match[str]) -> str:
     return m[2] if m[2] != "failed" else f"FAILED ({m[4].partition('; ')[2].strip()})"
 
 
+def _seconds(m: re.Match[str]) -> float:
+    return sum(float(v) for _, v in re.findall(r"(\w+) ([\d.]+) s", m[4]))
+
+
+def _jobs(m: re.Match[str]) -> int:
+    found = JOBS.search(m[4])
+    if found is None:
+        raise SystemExit(f"serve's cycle line counts no Spark jobs: {m[0]}")
+    return int(found[1])
+
+
 def _steps(m: re.Match[str]) -> str:
     steps = re.findall(r"(\w+) ([\d.]+) s", m[4])
-    return f"{sum(float(v) for _, v in steps):.1f} s in all ({', '.join(f'{k} {v} s' for k, v in steps)})"
+    jobs = m[4][m[4].index("Spark jobs") :].partition(";")[0] if "Spark jobs" in m[4] else "Spark jobs not counted"
+    return f"{_seconds(m):.1f} s in all ({', '.join(f'{k} {v} s' for k, v in steps)}); {jobs}"
 
 
 def cycle_floor(warehouse: Path, log: Path) -> tuple[float, float]:
@@ -79,7 +95,8 @@ def cycle_floor(warehouse: Path, log: Path) -> tuple[float, float]:
 
 
 def main() -> int:
-    sizes = [int(n) for n in os.environ.get("BENCH_TRANSACTIONS", "1000000 2000000").split()]
+    sizes = [int(n) for n in os.environ.get("BENCH_TRANSACTIONS", "10000 1000000").split()]
+    measured: dict[int, tuple[float, float, int]] = {}  # size -> the cycle's seconds, its floor, its Spark jobs
     for n in sizes:
         base, tail = landing_for(n)
         with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
@@ -114,7 +131,24 @@ def main() -> int:
                   f"cycle, Delta alone writing and reading its rows: {merged_s:.1f} s; with the outputs "
                   f"appended instead of merged {appended_s:.1f} s (its steps: {LOGS / f'floor-{n}.log'})",
                   flush=True)  # fmt: skip
+            measured[n] = (_seconds(new), merged_s, _jobs(new))
+    print(ratios(measured), flush=True)
     return 0
+
+
+def ratios(measured: dict[int, tuple[float, float, int]]) -> str:
+    """The issue's three figures in one line: the measured cycle on the largest warehouse over the same cycle
+    on the smallest, the largest cycle/floor of any size, and the most Spark jobs a cycle ran."""
+    small, large = min(measured), max(measured)
+    flat = measured[large][0] / measured[small][0]
+    return (
+        f"cycle ratio {_size(large)}/{_size(small)} {flat:.2f}; cycle/floor "
+        f"{max(s / f for s, f, _ in measured.values()):.2f}; jobs {max(j for _, _, j in measured.values())}"
+    )
+
+
+def _size(n: int) -> str:
+    return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n // 1_000}k" if n % 1_000 == 0 else str(n)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ the benchmark like a job.
       on a warehouse a serve cycle has just brought new events to, what such a cycle must still do by Delta
       alone, with the same rows: the bronze rows the last reconcile run took in looked up by key (within
       the keys' ranges) and appended, the recomputed transactions' half and real events looked up, the
-      rows it wrote to the four outputs merged into them by key (two at a time, the fastest way measured),
+      rows it wrote to the outputs merged into them by key (two at a time, the fastest way measured),
       one row appended to each run table, and every change set read into pandas as quality reads it. No
       rule, no expectation, no dashboard. Run twice in one session, counted the second time: serve's
       measured cycle is warm too. Then once more with the outputs' rows appended instead of merged, as a
