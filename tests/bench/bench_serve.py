@@ -36,7 +36,7 @@ from tests.bench.bench_reconcile import TXN_RECON, _hwm_kib, _tree, timed, timed
 NEW_TRANSACTIONS = 1_000  # what the measured cycle brings, whatever the warehouse holds
 LOGS = ROOT / "artifacts" / "bench-logs"
 CYCLE = re.compile(r"txn-recon serve: cycle (\d+) (\w+): inserted (\d+)(.*)")
-JOBS = re.compile(r", Spark jobs (\d+) \(")
+JOBS = re.compile(r", Spark jobs (\d+) \(([^)]*)\)")
 APPENDED = re.compile(r"floor done, outputs appended \(([\d.]+) s\)")
 
 
@@ -70,17 +70,18 @@ def _seconds(m: re.Match[str]) -> float:
     return sum(float(v) for _, v in re.findall(r"(\w+) ([\d.]+) s", m[4]))
 
 
-def _jobs(m: re.Match[str]) -> int:
+def _jobs(m: re.Match[str]) -> re.Match[str]:
+    """The Spark jobs of serve's cycle line: their number, then the count per step."""
     found = JOBS.search(m[4])
     if found is None:
         raise SystemExit(f"serve's cycle line counts no Spark jobs: {m[0]}")
-    return int(found[1])
+    return found
 
 
 def _steps(m: re.Match[str]) -> str:
     steps = re.findall(r"(\w+) ([\d.]+) s", m[4])
-    jobs = m[4][m[4].index("Spark jobs") :].partition(";")[0] if "Spark jobs" in m[4] else "Spark jobs not counted"
-    return f"{_seconds(m):.1f} s in all ({', '.join(f'{k} {v} s' for k, v in steps)}); {jobs}"
+    jobs = _jobs(m)
+    return f"{_seconds(m):.1f} s in all ({', '.join(f'{k} {v} s' for k, v in steps)}); Spark jobs {jobs[1]} ({jobs[2]})"
 
 
 def cycle_floor(warehouse: Path, log: Path) -> tuple[float, float]:
@@ -131,7 +132,7 @@ def main() -> int:
                   f"cycle, Delta alone writing and reading its rows: {merged_s:.1f} s; with the outputs "
                   f"appended instead of merged {appended_s:.1f} s (its steps: {LOGS / f'floor-{n}.log'})",
                   flush=True)  # fmt: skip
-            measured[n] = (_seconds(new), merged_s, _jobs(new))
+            measured[n] = (_seconds(new), merged_s, int(_jobs(new)[1]))
     print(ratios(measured), flush=True)
     return 0
 
