@@ -154,6 +154,7 @@ class Consumers:
                 c.memory[mq] = target
                 refused = self._refused(c, mq, table, mem, target) if (table, c.expression) != (ALL, ALL) else set()
                 sim.sendback.consumed(sim.now, c.group, mq, mem, target, refused)
+                sim.tracer.attempts(c, mq, mem, target, refused)
 
     def _refused(self, c: Consumer, mq: MQ, table: str, start: int, end: int) -> set[int]:
         """Offsets [start, end) of a queue that the broker's filter (the table's expression) or the member's own

@@ -23,6 +23,7 @@ class Producers:
             g.name: [self._new(g.name) for _ in range(g.instances)] for g in PRODUCER_GROUPS
         }
         self.check_rr = dict.fromkeys(self.groups, 0)
+        self.checks_lost_until = 0  # until then no check request reaches a producer (`check_outage`)
         # Cumulative thresholds for the mutually exclusive producer-side faults of one transaction.
         p = sim.profile
         self.fault_cuts = list(itertools.accumulate(
@@ -87,6 +88,7 @@ class Producers:
             sim.fault(txn, "unaware_checker")
         sim.open[key] = txn
         original = sim.store.store_half(b, txn, None, None)
+        sim.tracer.pub(producer, txn)
         exec_ms = 5 + int(rng.random() * 195)
         txn.decided_at = sim.now + exec_ms
         r = rng.random()
@@ -101,8 +103,10 @@ class Producers:
         elif r < never:  # UNKNOW now, and the state never becomes known
             sim.fault(txn, "never_decided")
             txn.decided_at = None
-        elif r < unknown:  # UNKNOW now (no end request); the state is known a little later
+            sim.tracer.end(producer, txn, "UNKNOW", from_check=False)
+        elif r < unknown:  # UNKNOW now (the broker ignores its end request); the state is known a little later
             sim.fault(txn, "unknown_answer")
+            sim.tracer.end(producer, txn, "UNKNOW", from_check=False)
             txn.decided_at = sim.now + exec_ms + rng.randint(1_000, 90_000)
         else:  # a slow local transaction that commits minutes later (issue #8158)
             sim.fault(txn, "slow_local_txn")
@@ -120,25 +124,30 @@ class Producers:
         txn.inflight -= 1
         p, rng = self.sim.profile, self.sim.rng
         if producer.alive:
+            self.sim.tracer.end(producer, txn, txn.outcome, from_check=False)
             self._send_end(txn, original, txn.outcome, from_check=False)
             if p.duplicate_end and rng.random() < p.duplicate_end:
                 self.sim.fault(txn, "duplicate_end")
                 self._send_end(txn, original, txn.outcome, from_check=False, delay=rng.randint(20, 2000))
         self.sim.settle(txn)
 
-    def _send_end(self, txn: Txn, entry: HalfEntry, action: str, from_check: bool, delay: int = NET_MS) -> None:
-        """endTransactionOneway: no response, no retry (reference §1.2); it can be lost."""
+    def _send_end(self, txn: Txn, entry: HalfEntry, action: str, from_check: bool, delay: int = NET_MS) -> bool:
+        """endTransactionOneway: no response, no retry (reference §1.2); it can be lost (False)."""
         sim = self.sim
         if sim.profile.lost_end and sim.rng.random() < sim.profile.lost_end:
             sim.fault(txn, "lost_end")
-            return
+            return False
         self.later(txn, sim.now + delay, sim.store.end_transaction, (txn, entry, action, from_check))
+        return True
 
     def check(self, txn: Txn, copy: HalfEntry) -> None:
         """checkProducerTransactionState: one-way to a live channel of the group, round-robin."""
-        alive = self.alive[txn.group]
+        alive, p = self.alive[txn.group], self.sim.profile
         if not alive:  # only a warning; the copy is written and the check count consumed
             self.sim.fault(txn, "no_producer_for_check")
+            return
+        if self.sim.now < self.checks_lost_until or (p.lost_check and self.sim.check_rng.random() < p.lost_check):
+            self.sim.fault(txn, "lost_check")  # sent one-way and lost, or not sent at all (rocketmq #8311)
             return
         producer = alive[self.check_rr[txn.group] % len(alive)]
         self.check_rr[txn.group] += 1
@@ -150,8 +159,11 @@ class Producers:
         txn, copy, producer = arg
         txn.inflight -= 1
         known = txn.decided_at is not None and self.sim.now >= txn.decided_at and not txn.unaware_checker
-        if producer.alive and known:
-            self._send_end(txn, copy, txn.outcome, from_check=True)
+        if producer.alive:
+            # The answer is traced before it is sent; UNKNOW is sent too, and the broker ignores it.
+            first = self.sim.tracer.end(producer, txn, txn.outcome if known else "UNKNOW", from_check=True)
+            if known and not self._send_end(txn, copy, txn.outcome, from_check=True) and first:
+                txn.answer_lost_at = self.sim.tracer.at()
         self.sim.settle(txn)
 
     def _restart(self, producer: Producer) -> None:
@@ -166,6 +178,12 @@ class Producers:
         self.refresh()
         sim.fault(None, "producer_group_offline")
         sim.at(sim.now + sim.rng.randint(480_000, 600_000), P_CONTROL, self._group_online, group)
+
+    def check_outage(self, _: Any) -> None:
+        """For 8-10 minutes no check request reaches a producer, though every group is alive: the broker writes
+        its copies and counts its checks all the same."""
+        self.checks_lost_until = self.sim.now + self.sim.check_rng.randint(480_000, 600_000)
+        self.sim.fault(None, "check_outage")
 
     def _group_online(self, group: str) -> None:
         for pr in self.groups[group]:

@@ -61,6 +61,13 @@ class Profile:
     write_perm_loss: int = 0  # a topic's queues on broker-b are made read-only for 2-4 minutes
     # Per rebalance hand-off: the previous owner's final offset commit lands late.
     stale_offset_commit: float = 0.0
+    # Message trace (broker/trace.py): the first this many producer and consumer groups (by name) trace; a
+    # share of their trace contexts is lost. A check request can be lost on its way to a live producer.
+    traced_producer_groups: int = 0
+    traced_consumer_groups: int = 0
+    trace_loss: float = 0.0
+    lost_check: float = 0.0
+    check_outage: int = 0  # no check request reaches any producer for 8-10 minutes
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -97,6 +104,11 @@ PROFILES: dict[str, Profile] = {
             broker_join=1,
             auto_created_topic=1,
             write_perm_loss=1,
+            traced_producer_groups=2,
+            traced_consumer_groups=1,
+            trace_loss=0.01,
+            lost_check=0.002,
+            check_outage=1,
         ),
         Profile(
             "chaos",
@@ -127,6 +139,10 @@ PROFILES: dict[str, Profile] = {
             broker_join=1,
             auto_created_topic=1,
             write_perm_loss=2,
+            traced_producer_groups=2,
+            traced_consumer_groups=3,
+            trace_loss=0.05,
+            lost_check=0.02,
         ),
     )
 }

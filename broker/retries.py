@@ -50,9 +50,10 @@ class SendBack:
 
     def __init__(self, ratio: float, at: Callable[[int, Callable[[Any], object], Any], None],
                  store: Callable[[str, int], int | None], emit: Callable[[tuple[Any, ...], int], None],
-                 truth: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
+                 truth: Callable[[dict[str, Any]], None],
+                 attempt: Callable[[str, str, int], None]) -> None:  # fmt: skip
         self.cut = int(ratio * 2**32)
-        self.at, self.store, self.emit, self.truth = at, store, emit, truth
+        self.at, self.store, self.emit, self.truth, self.attempt = at, store, emit, truth, attempt
         self.next_offset: dict[tuple[str, str, int], int] = {}
         self.originals: dict[tuple[str, str, int], list[Original]] = {}  # by (topic, broker, queue), in offset order
 
@@ -106,7 +107,8 @@ class SendBack:
                         "uniq_key": o.uniq_key, "detail": {"dlq_queue_offset": offset, "reconsume_times": times,
                                                            "transaction_id": o.transaction_id}})  # fmt: skip
         else:
-            self._failed((now, group, broker, original, times))  # consumed as soon as it is stored, and failed
+            self.attempt(group, original.uniq_key, times)  # consumed as soon as it is stored, and failed
+            self._failed((now, group, broker, original, times))
 
     def _store_copy(self, now: int, broker: str, topic: str, queue_id: int, group: str, kind: str, o: Original,
                     times: int) -> int | None:  # fmt: skip

@@ -28,6 +28,7 @@ from broker.retries import SendBack
 from broker.state import BrokerState, Txn
 from broker.store import Store
 from broker.topology import BROKERS, START_MS, TOPICS
+from broker.trace import Tracer
 from broker.truth import Thresholds, classify
 from schemas.landing import LANDING
 
@@ -81,8 +82,10 @@ class Simulation:
         self.thresholds = thresholds
         self.progress = progress
         self.rng = random.Random(seed)
-        # Consumer-group incidents draw from their own stream, so adding them leaves the other draws alone.
+        # Consumer-group incidents draw from their own stream, so adding them leaves the other draws alone; so do
+        # lost check requests.
         self.crng = random.Random(seed + 0x5EED)
+        self.check_rng = random.Random(seed + 0xC4EC)
         self.summary = Summary(seed, profile.name, n)
         self.now = START_MS
         self.queue: list[tuple[int, int, int, Callable[[Any], object], Any]] = []
@@ -108,12 +111,14 @@ class Simulation:
         self.producers = Producers(self)
         self.consumers = Consumers(self)
         self.cluster = Cluster(self, seed)
+        self.tracer = Tracer(self, seed)
         self.sendback = SendBack(
             profile.poison_ratio,
             lambda t, fn, arg: self.at(t, P_STORE, fn, arg),
             self.store.phys_if_up,
             lambda rec, ts: self.emit("copy", rec, ts),
             self.truth_anomaly,
+            self.tracer.retry,
         )
 
     # ---- event queue ---------------------------------------------------------------------------
@@ -159,6 +164,8 @@ class Simulation:
             self.at(when(), P_CONTROL, producers.group_offline, rng.choice(groups))
         for _ in range(p.broker_crash):
             self.at(when(), P_CONTROL, store.crash_soon, rng.choice(brokers))
+        for _ in range(p.check_outage):  # its own random stream: the other draws stay as they were
+            self.at(self.check_rng.randint(*span), P_CONTROL, producers.check_outage)
         for _ in range(p.check_stall):
             self.at(when(), P_CONTROL, self.checks.stall, rng.choice(brokers))
         for _ in range(p.op_stall):
@@ -220,6 +227,8 @@ class Simulation:
             self._write_truth(txn, as_of)
         self.open.clear()
         self.cluster.close()
+        for rec in self.tracer.truth():
+            self.truth_anomaly({"broker_name": None, "topic": None, "queue_id": None, "event_ts": None} | rec)
 
     def _write_truth(self, txn: Txn, as_of: int) -> None:
         state, reason, anomalies = classify(txn, as_of, self.cfg, self.thresholds)
@@ -230,10 +239,18 @@ class Simulation:
             txn.resolved_ts is not None, txn.discard_ts is not None, sorted(set(txn.faults)),
         ))  # fmt: skip
         for a in anomalies:
+            detail = a.detail
+            if a.anomaly_type == "DISCARDED_AFTER_MAX_CHECKS":  # what its group's trace says of its checks
+                until = txn.discard_ts if txn.discard_ts is not None else txn.last_copy_ts + self.cfg.check_interval_ms
+                answers, cause = self.tracer.cause(txn, txn.first_copy_ts, until)
+                detail = detail | {"answers": answers, "cause": cause}
             self.truth_anomaly({
                 "anomaly_type": a.anomaly_type, "reason": a.reason, "broker_name": txn.broker.name,
-                "uniq_key": txn.uniq_key, "event_ts": a.event_ts, "detail": a.detail,
+                "uniq_key": txn.uniq_key, "event_ts": a.event_ts, "detail": detail,
             })  # fmt: skip
+        if txn.answer_lost_at is not None and txn.last_copy_ts > txn.answer_lost_at:  # and the broker checked again
+            self.truth_anomaly({"anomaly_type": "CHECK_ANSWER_LOST", "reason": None, "broker_name": txn.broker.name,
+                                "uniq_key": txn.uniq_key, "event_ts": txn.answer_lost_at, "detail": {}})  # fmt: skip
 
     def truth_anomaly(self, rec: dict[str, Any]) -> None:
         kind = rec["anomaly_type"]

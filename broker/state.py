@@ -12,6 +12,7 @@ class Txn:
     """One transaction: its identity, the business decision, and what the broker did with it."""
 
     __slots__ = (
+        "answer_lost_at",
         "body_size",
         "born_ts",
         "broker",
@@ -19,6 +20,7 @@ class Txn:
         "decided_at",
         "discard_ts",
         "faults",
+        "first_copy_ts",
         "group",
         "immunity_s",
         "inflight",
@@ -48,10 +50,12 @@ class Txn:
         self.tags = TAG if body_size % 2 else None
         self.keys = f"order-{uniq_key[-8:]}" if body_size % 3 else None
         self.immunity_s: int | None = None
+        self.answer_lost_at: int | None = None  # its first traced COMMIT check answer, lost (broker time)
         self.outcome = outcome  # the business decision: "COMMIT" or "ROLLBACK"
         self.decided_at: int | None = None  # when a check can learn the outcome; None: never
         self.unaware_checker = False  # the application answers its checks UNKNOW whatever it decided
         self.faults: list[str] = []
+        self.first_copy_ts = 0  # the original half's store time
         self.last_copy_ts = 0
         self.max_check_times = 0
         self.max_copy_offset = -1

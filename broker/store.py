@@ -41,6 +41,8 @@ class Store:
         b.half_next += 1
         entry = HalfEntry(offset, txn, now, check_times, prepared, self.phys(b, 300 + txn.body_size))
         b.half.append(entry)
+        if check_times is None and not txn.first_copy_ts:
+            txn.first_copy_ts = now
         txn.last_copy_ts = now
         txn.max_copy_offset = offset
         if check_times is not None and check_times > txn.max_check_times:
@@ -86,6 +88,7 @@ class Store:
             )  # fmt: skip
         self.sim.emit("real", rec, now)
         self.sim.sendback.stored(rec)
+        self.sim.tracer.stored(rec)
 
     def end_transaction(self, arg: tuple[Txn, HalfEntry, str, bool]) -> None:
         """EndTransactionProcessor (reference §1.4): no idempotency check; commit = final, then op."""

@@ -59,6 +59,15 @@ document.querySelectorAll("table.sortable").forEach(function (table) {
 """
 
 
+TRACE_TYPES = (
+    "DISCARDED_AFTER_MAX_CHECKS",
+    "CHECK_ANSWER_LOST",
+    "DUPLICATE_CONSUMPTION",
+    "CONSUME_FAILED",
+    "TRACE_CONTRADICTION",
+)
+
+
 def render(data: dict[str, Any]) -> str:
     as_of = data["as_of"]
     sections = [
@@ -89,6 +98,18 @@ def render(data: dict[str, Any]) -> str:
         _section("Offset regressions", "regressions", regression_chart(data["regressions"])
                  + _table("regressions", data["regressions"], total=data["regressions_total"]),
                  "One lane per consumer group, topic and queue; a circle's area is the redelivery estimate."),
+        _section("Message trace", "trace",
+                 _table("discard-causes", data["trace"]["discard_causes"],
+                        title="Discarded after the maximum checks, by cause")
+                 + _table("trace-groups", data["trace"]["groups"],
+                          title="Per consumer group: first-attempt latency, traced duplicates and failures")
+                 + _table("contradictions", data["trace"]["contradictions"],
+                          title="Contradictions between the trace and our findings (should be none)",
+                          total=data["trace"]["contradictions_total"])
+                 + '<p class="note">' + " · ".join(_finding_link(t) for t in TRACE_TYPES) + "</p>",
+                 "What clients built with enableMsgTrace recorded. Latency: from a message's store time to its "
+                 "first attempt, over the last hour of trace; predicted: duplicates the offsets counted. "
+                 "`txn-recon trace UNIQ_KEY` tells one message's story."),
         _section("Consumer groups", "groups",
                  _table("deliveries", data.get("deliveries", []),
                         title="Deliveries: what became of every message each group wants")

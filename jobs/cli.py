@@ -48,6 +48,7 @@ JOBS: dict[str, tuple[str, str, str, str]] = {
     "sql": ("sql", "add_arguments", "run", "run one Spark SQL statement against the warehouse catalog"),
     "spark-conf": ("spark_conf", "add_arguments", "run", "write spark-defaults.conf for spark-sql / spark-submit"),
     "explain": ("explain", "add_arguments", "run", "what a finding type means, in one paragraph (no Spark)"),
+    "trace": ("story", "add_arguments", "run", "the story of one message (UNIQ_KEY) from every table, in time order"),
 }  # fmt: skip
 
 

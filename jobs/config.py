@@ -99,6 +99,7 @@ class CollectSettings:
 
     group: str  # the consumer group it pulls with; it never commits an offset through it
     topics: tuple[str, ...]  # business topics to read; none: every business topic of every broker
+    trace_topics: tuple[str, ...]  # trace topics clients name, read besides RMQ_SYS_TRACE_TOPIC (export-store too)
     timeout_s: int  # every network call
     access_key: str | None
     secret_key: str | None

@@ -30,11 +30,13 @@ from sources import topology
 from sources.commitlog import Corrupt, DataEnd, FileEnd, Message, scan
 from sources.landing_files import ENCODE, Stream, make_landing, read_state, write_state
 from sources.records import (
-    OP_TOPIC,
     RECORD,
     ROCKSDB_HALF_TOPIC,
     ROCKSDB_OP_TOPIC,
+    TRACE_TOPICS,
+    Record,
     half_log_offset,
+    keep_body,
     rocksdb_op_record,
     stream_of,
 )
@@ -43,7 +45,6 @@ log = logging.getLogger(__name__)
 _RELEASE_EVERY = 50_000  # messages between two releases of the pages read (tens of MiB)
 _UNSEEN: Any = object()
 _COMMITLOG_NAME = re.compile(r"^\d{20}$")
-_KEEP_BODY = frozenset({OP_TOPIC})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,7 +94,8 @@ class Stop:
     error: str | None = None
 
 
-def _messages(files: list[tuple[int, Path]], position: int, summary: Summary) -> Iterator[Message | Stop]:
+def _messages(files: list[tuple[int, Path]], position: int, summary: Summary,
+              trace_topics: frozenset[str] = TRACE_TOPICS) -> Iterator[Message | Stop]:  # fmt: skip
     """Messages from `position` on across file boundaries, then where to resume next time."""
 
     def went_on(i: int) -> bool:
@@ -122,7 +124,7 @@ def _messages(files: list[tuple[int, Path]], position: int, summary: Summary) ->
                 buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as e:
             raise TxnReconError(f"cannot read the commit-log file {path}: {e.strerror}") from None
-        with buf, contextlib.closing(scan(buf, start, position - start, _KEEP_BODY)) as entries:
+        with buf, contextlib.closing(scan(buf, start, position - start, keep_body(trace_topics))) as entries:
             released = 0  # the file's bytes before this are read and dropped from our mapping
             for n, entry in enumerate(entries, 1):
                 if isinstance(entry, Message):
@@ -209,7 +211,8 @@ def _release(buf: mmap.mmap, start: int, end: int) -> int:
     return max(start, end)
 
 
-def _export_commitlog(store: Path, landing: Path, broker: str, state: State, summary: Summary) -> Stop:
+def _export_commitlog(store: Path, landing: Path, broker: str, state: State, summary: Summary,
+                      trace_topics: frozenset[str] = TRACE_TOPICS) -> Stop:  # fmt: skip
     folder = store / "commitlog"
     try:
         files = commitlog_files(folder)
@@ -218,11 +221,11 @@ def _export_commitlog(store: Path, landing: Path, broker: str, state: State, sum
     prefix = f"store-{broker}-{state.position:020d}"
     streams = {name: Stream(landing / name, prefix, ENCODE[name]) for name in RECORD}
     # Per topic: how its messages become records and the stream they go to (None: skipped).
-    routes: dict[str, tuple[Callable[[str, Message], tuple[Any, ...] | None], Stream] | None] = {}
+    routes: dict[str, tuple[Callable[[str, Message], Record], Stream] | None] = {}
     stop = Stop(state.position)
     halves = Halves(files)
     try:
-        for item in _messages(files, state.position, summary):
+        for item in _messages(files, state.position, summary, trace_topics):
             if isinstance(item, Stop):
                 stop = item
                 break
@@ -231,7 +234,7 @@ def _export_commitlog(store: Path, landing: Path, broker: str, state: State, sum
                 continue
             route = routes.get(item.topic, _UNSEEN)
             if route is _UNSEEN:
-                name = stream_of(item.topic)
+                name = stream_of(item.topic, trace_topics)
                 route = routes[item.topic] = None if name is None else (RECORD[name], streams[name])
             if route is None:
                 summary.skipped[item.topic] += 1
@@ -241,7 +244,7 @@ def _export_commitlog(store: Path, landing: Path, broker: str, state: State, sum
             if record is None:
                 summary.skipped[item.topic] += 1
                 continue
-            stream.add(record)
+            stream.add_all(record)
     finally:
         halves.close()
         for name, s in streams.items():
@@ -333,7 +336,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
         state = State.load(state_path)
         summary = Summary()
         started_at = state.position
-        stop = _export_commitlog(store, landing, broker, state, summary)
+        trace_topics = TRACE_TOPICS | frozenset(config.collect.trace_topics)
+        stop = _export_commitlog(store, landing, broker, state, summary, trace_topics)
         state.position = stop.position
         _export_offsets(store, landing, broker, state, summary)
         state.save(state_path)  # what came before a corrupt record stays exported
@@ -344,7 +348,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     print(
         f"export-store {broker}: commit log {started_at} -> {state.position}; records: "
         f"half {summary.records['half']}, op {summary.records['op']}, real {summary.records['real']}, "
-        f"consumer copies {summary.records['copy']}; "
+        f"consumer copies {summary.records['copy']}, trace contexts {summary.records['trace']}; "
         f"offset records {summary.offsets} ({summary.offsets_skipped} internal queue offsets skipped); "
         f"business topics {topics}; corrupt records {summary.corrupt}; skipped topics: {skipped}"
         + (f"; RIP-82 ops whose half is gone {summary.ops_without_half}" if summary.ops_without_half else "")

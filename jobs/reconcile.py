@@ -49,6 +49,7 @@ from schemas.reconciled import (
     LIFECYCLE_STATS_COLUMNS,
     OFFSET_COMMITS,
     RECONCILE_RUNS,
+    TRACE_COVERAGE,
     TXN_LIFECYCLE,
 )
 from schemas.spark import to_struct
@@ -67,7 +68,7 @@ from transforms.lifecycle import (
     resolved_offsets,
     up_to,
 )
-from transforms.scope import facts_of, touched_queues, touched_transactions
+from transforms.scope import facts_of, touched_queues, touched_transactions, traced_transactions
 from transforms.topology import (
     COLUMNS,
     TOPOLOGY_TYPES,
@@ -78,6 +79,7 @@ from transforms.topology import (
     stored_writes,
     topic_gaps,
 )
+from transforms.trace import CONSUMPTION_TYPES, attempts, consumption_findings
 
 log = logging.getLogger(__name__)
 _clock = {"started": time.perf_counter()}
@@ -90,7 +92,8 @@ def _progress(message: str, *args: object) -> None:
 
 # The streams reconcile follows version by version; consumer and topology snapshots are small and always read
 # whole.
-TIME = {"half": "store_timestamp", "op": "store_timestamp", "real": "store_timestamp", "offset": "commit_timestamp"}
+TIME = {"half": "store_timestamp", "op": "store_timestamp", "real": "store_timestamp", "offset": "commit_timestamp",
+        "trace": "store_timestamp"}  # fmt: skip
 SNAPSHOT_TIME = "snapshot_ts"
 # Anomaly types every run recomputes whole, whatever changed.
 WHOLE_TYPES = ("OFFSET_REGRESSION", *GROUP_TYPES, *TOPOLOGY_TYPES)
@@ -210,6 +213,7 @@ def ensure_outputs(spark: SparkSession, config: Config) -> str | None:
         create_table(spark, config, schema, properties=properties, stats_columns=stats)
     add_new_fields(spark, create_table(spark, config, RECONCILE_RUNS), RECONCILE_RUNS)
     spark.sql(broker_writes_view(config))
+    spark.sql(trace_coverage_view(config))
     return reason
 
 
@@ -225,6 +229,17 @@ def broker_writes_view(config: Config) -> str:
               SELECT broker_name, topic, store_timestamp DIV 60000 * 60000, 1 FROM {real}
               WHERE topic <> '{DISCARD_TOPIC}')
         GROUP BY broker_name, topic, minute_ts"""
+
+
+def trace_coverage_view(config: Config) -> str:
+    """The `trace_coverage` view (schemas.reconciled.TRACE_COVERAGE) over trace_events."""
+    return f"""CREATE OR REPLACE VIEW {config.table(TRACE_COVERAGE.name)} AS
+        SELECT group_name, IF(trace_type IN ('Pub', 'EndTransaction'), 'producer', 'consumer') AS role,
+               store_timestamp DIV 60000 * 60000 AS minute_ts, count(*) AS contexts,
+               count(DISTINCT born_host) AS instances, count_if(from_check) AS answers,
+               count_if(trace_type = 'SubAfter' AND NOT success) AS failed
+        FROM {config.table(BRONZE["trace"].name)} WHERE group_name IS NOT NULL
+        GROUP BY 1, 2, 3"""
 
 
 def _same_columns(actual: T.StructType, schema: Schema) -> bool:
@@ -244,8 +259,13 @@ def latest_as_of(spark: SparkSession, config: Config) -> int | None:
     return None if last is None else int(last["as_of"])
 
 
+# Raised when a rule's output changes shape (2: discards gained their traced answers), so that the first run after
+# an upgrade is full and no finding keeps the older shape.
+RULES_REVISION = 2
+
+
 def rules_json(rules: Rules) -> str:
-    return json.dumps(dataclasses.asdict(rules), sort_keys=True)
+    return json.dumps(dataclasses.asdict(rules) | {"revision": RULES_REVISION}, sort_keys=True)
 
 
 def why_full(
@@ -267,6 +287,8 @@ def why_full(
             return f"{schema.name} is at version {version}, the last run left it at {recorded}"
     for stream, table in bronze.tables.items():
         since, now = last[f"{stream}_version"], bronze.versions[stream]
+        if since is None:
+            return f"the last run read no {table}"
         if now < since:
             return f"{table} is at version {now}, older than the {since} the last run read"
         for h in _history(spark, table, since) if now > since else []:
@@ -284,7 +306,7 @@ def _history(spark: SparkSession, table: str, since: int) -> list[Row]:
 
 def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[str, DataFrame]:
     """Every output table computed from bronze alone: what a full run writes, by table name."""
-    half, op, real, offset = (frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
+    half, op, real, offset, trace = (frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
     life = facts(half, resolutions(half, resolved_offsets(op)), real).transform(lifecycle(as_of, rules))
     commits_df = offset_commits(offset)
     snapshots = snapshots_up_to(frames, as_of)
@@ -292,14 +314,22 @@ def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[st
     refused = refusals(snapshots, commits_df, real).checkpointed()
     groups = group_anomalies(snapshots, commits_df, real, frames["copy"], refused, as_of, rules.stranded_after_ms)
     whole = commits_df.transform(offset_regressions(real, as_of)).unionByName(groups).localCheckpoint()
+    delivered = deliveries(real, snapshots, commits_df, frames["copy"], whole, refused, as_of)
+    found = [transaction_anomalies(life, as_of, rules, trace), whole, cluster_anomalies(frames, as_of, rules),
+             consumption(trace, real, delivered, whole, as_of)]  # fmt: skip
     return {
         TXN_LIFECYCLE.name: life,
         OFFSET_COMMITS.name: commits_df,
-        ANOMALIES.name: union_all(
-            [transaction_anomalies(life, as_of, rules), whole, cluster_anomalies(frames, as_of, rules)]
-        ),
-        DELIVERIES.name: deliveries(real, snapshots, commits_df, frames["copy"], whole, refused, as_of),
+        ANOMALIES.name: union_all(found),
+        DELIVERIES.name: delivered,
     }
+
+
+def consumption(trace: DataFrame, real: DataFrame, delivered: DataFrame, found: DataFrame, as_of: int) -> DataFrame:
+    """The findings of the consumption trace (CONSUMPTION_TYPES), against the deliveries and the hand-offs and
+    regressions among `found` that explain a duplicate."""
+    explaining = found.where(F.col("anomaly_type").isin("OFFSET_REGRESSION", "REDELIVERY_AT_HANDOFF"))
+    return consumption_findings(attempts(trace), real, delivered, explaining, as_of)
 
 
 def cluster_anomalies(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> DataFrame:
@@ -328,6 +358,7 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
     view = full_view(bronze.frames, as_of, rules)
     # Cached once: the anomalies and both writes read them (Spark swaps the cache into every plan using them).
     life, commits_df = view[TXN_LIFECYCLE.name].persist(), view[OFFSET_COMMITS.name].persist()
+    delivered = view[DELIVERIES.name].persist()  # the consumption trace's findings read them too
     try:
         merge_anomalies(spark, config, view[ANOMALIES.name], as_of)
         _progress("anomalies merged")
@@ -336,7 +367,7 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
         # Files by birth time: new events touch recent transactions, so a later merge skips the older files.
         _replace(config, TXN_LIFECYCLE, life.repartitionByRange("born_ts"))
         _progress("txn_lifecycle written")
-        _replace_deliveries(config, view[DELIVERIES.name])
+        _replace_deliveries(config, delivered)
         _progress("deliveries written")
         transactions, queues = life.count(), commits_df.select(*OFFSET_KEY).distinct().count()
         wants = wants_json(wanted(snapshots_up_to(bronze.frames, as_of), commits_df))
@@ -344,20 +375,24 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
     finally:
         life.unpersist()
         commits_df.unpersist()
+        delivered.unpersist()
 
 
 def incremental(
     spark: SparkSession, config: Config, bronze: Bronze, last: Row, as_of: int, rules: Rules
 ) -> Written | None:
     """Only what changed since `last`; None when that is most of the data (a full run is then cheaper)."""
-    half, op, real, offset = (bronze.frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
+    half, op, real, offset, trace = (bronze.frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
     new = {s: new_rows(spark, bronze, s, last, as_of) for s in TIME}
     current = _as_left(spark, config, TXN_LIFECYCLE, last)
     # The copies the new ops list are looked up among the halves within their ranges: recent files as a rule.
     listed = within(half, ranges(listed_copies(new["op"]), BRONZE["half"].key))
     # Checkpointed (kept by the executors, lineage cut): small, used in many places, and every later plan
     # stays short; a plan that repeats a cached part's whole lineage in each use can fill the heap.
-    keys = touched_transactions(new["half"], new["op"], new["real"], listed, current).localCheckpoint()
+    keys = union_all([
+        touched_transactions(new["half"], new["op"], new["real"], listed, current),
+        traced_transactions(new["trace"], current),
+    ]).distinct().localCheckpoint()  # fmt: skip
     queues = touched_queues(new["offset"]).localCheckpoint()
     n_keys, n_queues = keys.count(), queues.count()
     _progress("%d transactions and %d queues to recompute", n_keys, n_queues)
@@ -403,7 +438,7 @@ def incremental(
         wants = wants_json(wanted(snapshots, every_commit))
         life = lives.result()
         delivered = pool.submit(merge_deliveries, every_commit, whole, refused, wants)
-        found = transaction_anomalies(life, as_of, rules).unionByName(whole)
+        found = transaction_anomalies(life, as_of, rules, trace).unionByName(whole)
         merge_anomalies(spark, config, found.unionByName(cluster_anomalies(bronze.frames, as_of, rules)), as_of,
                         scope=keys)  # fmt: skip
         _progress("anomalies merged")
@@ -412,6 +447,11 @@ def incremental(
         _merge(spark, config, TXN_LIFECYCLE, life, ID, born_since(life))
         _progress("txn_lifecycle merged")
         delivered.result()
+    if trace.where(F.col("trace_type").isin("SubBefore", "SubAfter")).limit(1).count():
+        stored = spark.table(config.table(DELIVERIES.name))
+        merge_consumption(spark, config, consumption(trace, real, stored, spark.table(config.table(ANOMALIES.name)),
+                                                     as_of))  # fmt: skip
+        _progress("consumption trace's findings merged")
     return Written("incremental", None, n_keys, n_queues, wants)
 
 
@@ -529,8 +569,9 @@ def merge_anomalies(
     found = found.persist()
     try:
         existing = spark.table(table)
+        by_transaction = ~F.col("anomaly_type").isin(*WHOLE_TYPES) & ~F.expr(_CONSUMPTION.format(t=""))
         in_scope = union_all([
-            existing.where(~F.col("anomaly_type").isin(*WHOLE_TYPES)).join(F.broadcast(scope), on=ID, how="left_semi"),
+            existing.where(by_transaction).join(F.broadcast(scope), on=ID, how="left_semi"),
             existing.where(F.col("anomaly_type").isin(*WHOLE_TYPES)),
         ])  # fmt: skip
         gone = in_scope.join(found.select("anomaly_id"), on="anomaly_id", how="left_anti")
@@ -545,6 +586,25 @@ def merge_anomalies(
         )  # fmt: skip
     finally:
         found.unpersist()
+
+
+# The consumption trace's findings (`transforms.trace.consumption_findings`, keyed by group): recomputed whole,
+# merged after the deliveries they are compared with.
+_TYPES = ", ".join(f"'{t}'" for t in CONSUMPTION_TYPES)
+_CONSUMPTION = "({t}anomaly_type IN (" + _TYPES + ") AND {t}consumer_group IS NOT NULL)"
+
+
+def merge_consumption(spark: SparkSession, config: Config, found: DataFrame) -> None:
+    """Upsert the consumption trace's findings by anomaly_id; delete those of them that no longer hold."""
+    columns: dict[str, str | Column] = {c: f"s.{c}" for c in ANOMALIES.names}
+    (
+        DeltaTable.forName(spark, config.table(ANOMALIES.name)).alias("t")
+        .merge(found.alias("s"), "t.anomaly_id = s.anomaly_id")
+        .whenMatchedUpdate(condition=_changed(ANOMALIES.names[1:]), set=columns)
+        .whenNotMatchedInsert(values=columns)
+        .whenNotMatchedBySourceDelete(condition=_CONSUMPTION.format(t="t."))
+        .execute()
+    )  # fmt: skip
 
 
 def record_run(

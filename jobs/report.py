@@ -97,7 +97,7 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     """Everything else the dashboard shows: what reconcile, ingest and collect wrote. It does not read
     `dq_results`, so it can be gathered while the quality suites run."""
     names = ("txn_lifecycle", "anomalies", "ingest_runs", "reconcile_runs", "collect_runs", "consumer_events",
-             "deliveries", "delivery_counts")  # fmt: skip
+             "deliveries", "delivery_counts", "trace_events", "real_events")  # fmt: skip
     t = _tables(spark, config, names)
     if "txn_lifecycle" not in t or "anomalies" not in t:
         raise TxnReconError("no reconciled tables yet; run `txn-recon reconcile` (or `txn-recon run`) first")
@@ -121,6 +121,7 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
         data |= _group_findings(keyed, data["anomaly_counts"])
         data["op_lag"], lifecycle_figures = _op_lag(life, data["as_of"])
         findings = _findings(keyed)
+        data["trace"] = _trace(keyed, t.get("trace_events"), t.get("real_events"), data["as_of"])
     finally:
         keyed.unpersist()
     data["ingest_runs"] = _ingest_runs(t.get("ingest_runs"))
@@ -136,8 +137,68 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     data["deliveries_over_time"] = {group: per_group.get(group, _no_times()) for group in shown}
     data |= _brokers(spark, config, t["anomalies"], data["anomaly_counts"])
     # What `txn-recon serve` exports as metrics, from the same reads: a cycle reads each table once.
-    data["figures"] = {"as_of": data["as_of"], **findings, **lifecycle_figures, "deliveries": data["deliveries"]}
+    data["figures"] = {"as_of": data["as_of"], **findings, **lifecycle_figures, "deliveries": data["deliveries"],
+                       "trace": data["trace"]}  # fmt: skip
     return data
+
+
+LATENCY_WINDOW_MS = 3_600_000  # consumption latency over the last hour of trace: Delta skips older files
+
+
+def _trace(keyed: DataFrame, trace: DataFrame | None, real: DataFrame | None, as_of: int | None) -> dict[str, Any]:
+    """What the message trace says (docs/concepts/trace.md): discards by cause, per group the traced duplicates
+    (predicted by the offsets or not) and failed attempts, the contradictions, and per group the latency from a
+    message's store time to its first traced attempt (p50, p99) over the last hour."""
+    kind = F.col("anomaly_type")
+    causes = keyed.where(kind == "DISCARDED_AFTER_MAX_CHECKS").groupBy(_detail("cause")).count().collect()
+    per_group = (
+        keyed.where(kind.isin("DUPLICATE_CONSUMPTION", "CONSUME_FAILED"))
+        .groupBy("consumer_group")
+        .agg(
+            F.count_if(kind == "DUPLICATE_CONSUMPTION").alias("duplicates"),
+            F.count_if((kind == "DUPLICATE_CONSUMPTION") & (_detail("predicted") == "true")).alias("predicted"),
+            F.count_if((kind == "DUPLICATE_CONSUMPTION") & (_detail("predicted") == "false")).alias("missed"),
+            F.count_if(kind == "CONSUME_FAILED").alias("failed_messages"),
+        )
+    )
+    groups = {r["consumer_group"]: r.asDict() for r in per_group.collect()}
+    if trace is not None and real is not None and as_of is not None:
+        since = as_of - LATENCY_WINDOW_MS
+        first = (
+            trace.where((F.col("trace_type") == "SubBefore") & (F.col("store_timestamp") >= since))
+            .groupBy(F.col("group_name").alias("consumer_group"), "uniq_key")
+            .agg(F.min(F.col("timestamp") + F.col("store_timestamp") - F.col("born_timestamp")).alias("first_at"))
+        )
+        stored = (
+            real.where(F.col("store_timestamp") >= since - LATENCY_WINDOW_MS)
+            .groupBy("uniq_key")
+            .agg(F.min("store_timestamp").alias("stored_at"))
+        )
+        latency = (F.col("first_at") - F.col("stored_at")) / 1000
+        for r in first.join(stored, on="uniq_key").groupBy("consumer_group").agg(
+            F.percentile_approx(latency, [0.5, 0.99]).alias("q"), F.count(F.lit(1)).alias("traced")
+        ).collect():  # fmt: skip
+            groups.setdefault(r["consumer_group"], {"consumer_group": r["consumer_group"]}).update(
+                latency_p50_s=r["q"][0], latency_p99_s=r["q"][1], traced_last_hour=r["traced"]
+            )
+    columns = ("consumer_group", "latency_p50_s", "latency_p99_s", "traced_last_hour", "duplicates", "predicted",
+               "missed", "failed_messages")  # fmt: skip
+    rows = [{c: g.get(c, 0 if c in ("duplicates", "predicted", "missed", "failed_messages") else None)
+             for c in columns} for _, g in sorted(groups.items())]  # fmt: skip
+    contradictions = keyed.where(kind == "TRACE_CONTRADICTION")
+    return {
+        "discard_causes": [
+            {"cause": r["cause"] or "untraced", "discards": r["count"]}
+            for r in sorted(causes, key=lambda r: r["cause"] or "")
+        ],
+        "groups": rows,
+        "contradictions": _rows(
+            contradictions.orderBy(F.desc("event_ts"), "anomaly_id"),
+            ["reason", "broker_name", "uniq_key", "consumer_group", "event_ts", "detail"],
+            ROWS,
+        ),
+        "contradictions_total": contradictions.count(),
+    }
 
 
 def _findings(keyed: DataFrame) -> dict[str, list[dict[str, Any]]]:

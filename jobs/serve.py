@@ -44,6 +44,7 @@ from jobs.running import address_file
 from jobs.runs import new_run_id
 from jobs.session import build_session, jobs_started
 from jobs.signals import Stop, stop_on_signals
+from jobs.story import story
 from jobs.web import Health, Metrics, start_http
 from schemas.service import SERVE_CYCLES, STEPS
 from schemas.spark import to_struct
@@ -298,7 +299,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         sql = start_sql_server(spark, settings.sql) if settings.sql else None
         health = Health(every, settings.stale_after_cycles, report.default_path(config))
         metrics = Metrics()
-        http = start_http(settings.http, metrics, health)
+        http = start_http(settings.http, metrics, health, trace=lambda key: story(spark, session_config, key))
         if sql is not None:
             host, port = host_port(settings.sql or "")
             jdbc = f"jdbc:hive2://{host}:{port}/{config.database}"
@@ -306,7 +307,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
             address_file(config).write_text(json.dumps({"pid": os.getpid(), "sql": settings.sql, "jdbc": jdbc}))
             print(f"txn-recon serve: SQL on {jdbc}", flush=True)
         print(f"txn-recon serve: HTTP on http://{host_port(settings.http)[0]}:{http.server_address[1]}/ "
-              "(/metrics, /healthz)", flush=True)  # fmt: skip
+              "(/metrics, /healthz, /trace/<key>)", flush=True)  # fmt: skip
         collector = None
         if namesrv:
             collector = Collector(

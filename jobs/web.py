@@ -4,9 +4,11 @@ from the dashboard's gathering), so a scrape costs no Spark work."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,6 +21,7 @@ from pyspark.sql import functions as F
 
 from jobs.config import CONF_DIR, Config, host_port
 from jobs.errors import TxnReconError
+from jobs.story import page
 from schemas.quality import DELIVERY_STATUSES
 from transforms.topology import stored_writes
 
@@ -63,6 +66,15 @@ class Metrics:
         self.broker_writes = Gauge("txn_recon_broker_writes", "Messages producers stored on each broker (original "
                                    "halves and business messages) in the last window of thresholds.idle_window_ms "
                                    "that ended by the data time", ["broker"], registry=r)  # fmt: skip
+        self.discards = Gauge("txn_recon_discards", "Transactions discarded after the maximum checks, by the cause "
+                              "their producer group's message trace gives (untraced: none)", ["cause"],
+                              registry=r)  # fmt: skip
+        self.consume_latency = Gauge("txn_recon_consume_latency_seconds", "From a message's store time to its "
+                                     "group's first traced consumption attempt, over the last hour of trace",
+                                     ["group", "quantile"], registry=r)  # fmt: skip
+        self.duplicates_missed = Gauge("txn_recon_traced_duplicates_unpredicted", "Messages a group consumed twice "
+                                       "(traced) that the offset-based estimates did not predict", ["group"],
+                                       registry=r)  # fmt: skip
         self.as_of = Gauge("txn_recon_data_time_seconds", "The data time of the last reconcile", registry=r)
         self.step_seconds = Gauge("txn_recon_last_cycle_step_seconds", "Seconds each step of the last cycle took",
                                   ["step"], registry=r)  # fmt: skip
@@ -106,6 +118,17 @@ class Metrics:
                 self.undelivered.labels(r["consumer_group"]).set(r["messages"])
                 self.undelivered_at_most.labels(r["consumer_group"]).set(r["at_most"])
         self.as_of.set(figures["as_of"] / 1000)
+        trace = figures["trace"]
+        self.discards.clear()
+        for r in trace["discard_causes"]:
+            self.discards.labels(r["cause"]).set(r["discards"])
+        self.consume_latency.clear()
+        self.duplicates_missed.clear()
+        for r in trace["groups"]:
+            self.duplicates_missed.labels(r["consumer_group"]).set(r["missed"])
+            for quantile in ("p50", "p99"):
+                if r[f"latency_{quantile}_s"] is not None:
+                    self.consume_latency.labels(r["consumer_group"], quantile).set(r[f"latency_{quantile}_s"])
         self.op_lag.clear()
         for quantile, seconds in figures["op_lag_seconds"].items():
             self.op_lag.labels(quantile).set(seconds)
@@ -195,14 +218,17 @@ def site_file(site: Path, path: str) -> Path | None:
     return target if inside and target.is_file() else None
 
 
-def start_http(address: str, metrics: Metrics, health: Health, site: Path = SITE) -> ThreadingHTTPServer:
-    """Serve /metrics, /healthz, / (the dashboard) and /docs/ (the manual) from a thread of this process;
-    `shutdown()` ends it."""
+def start_http(address: str, metrics: Metrics, health: Health, site: Path = SITE,
+               trace: Callable[[str], list[dict[str, Any]]] | None = None) -> ThreadingHTTPServer:  # fmt: skip
+    """Serve /metrics, /healthz, / (the dashboard), /docs/ (the manual) and, given `trace` (`jobs.story`),
+    /trace/<key> (a page; with ?format=json, JSON) from a thread of this process; `shutdown()` ends it."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            path = self.path.split("?")[0]
-            if path == "/metrics":
+            path, _, query = self.path.partition("?")
+            if path.startswith("/trace/") and trace is not None:
+                self._trace(unquote(path.removeprefix("/trace/")), "format=json" in query.split("&"))
+            elif path == "/metrics":
                 self._send(200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry))
             elif path == "/healthz":
                 ok, why = health.check()
@@ -221,6 +247,18 @@ def start_http(address: str, metrics: Metrics, health: Health, site: Path = SITE
                     self._send(200, SITE_TYPES.get(found.suffix, "application/octet-stream"), found.read_bytes())
             else:
                 self._send(404, "text/plain; charset=utf-8", "not found: try /, /docs/, /metrics or /healthz\n")
+
+        def _trace(self, key: str, as_json: bool) -> None:
+            assert trace is not None
+            try:
+                events = trace(key)
+            except TxnReconError as e:
+                self._send(404, "text/plain; charset=utf-8", f"{e}\n")
+                return
+            if as_json:
+                self._send(200, "application/json", json.dumps(events))
+            else:
+                self._send(200, "text/html; charset=utf-8", page(key, events))
 
         def _send(self, code: int, kind: str, body: bytes | str) -> None:
             data = body.encode() if isinstance(body, str) else body

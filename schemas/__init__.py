@@ -4,7 +4,7 @@ Definitions here are plain Python (no pyspark, no pyarrow) so the broker model c
 `schemas.spark` and `schemas.arrow` derive the engine types from the same constants.
 """
 
-from schemas.landing import CONSUMER, COPY, HALF, LANDING, OFFSET, OP, REAL, TOPOLOGY
+from schemas.landing import CONSUMER, COPY, HALF, LANDING, OFFSET, OP, REAL, TOPOLOGY, TRACE
 from schemas.model import Field, Schema
 
-__all__ = ["CONSUMER", "COPY", "HALF", "LANDING", "OFFSET", "OP", "REAL", "TOPOLOGY", "Field", "Schema"]
+__all__ = ["CONSUMER", "COPY", "HALF", "LANDING", "OFFSET", "OP", "REAL", "TOPOLOGY", "TRACE", "Field", "Schema"]

@@ -20,6 +20,7 @@ KEYS = {
     "consumer": ("_record_hash",),
     "copy": ("broker_name", "topic", "queue_id", "queue_offset"),
     "topology": ("_record_hash",),
+    "trace": ("broker_name", "topic", "queue_id", "queue_offset", "context_index"),
 }
 
 BRONZE = {
@@ -35,6 +36,7 @@ CLUSTER_BY = {
     "consumer": ("consumer_group", "snapshot_ts"),
     "copy": ("consumer_group", "store_timestamp"),
     "topology": ("kind", "snapshot_ts"),
+    "trace": ("uniq_key", "store_timestamp"),  # `txn-recon trace KEY` looks a message up by its key
 }
 
 # The columns Delta keeps file statistics for: key, clustering and time; nothing filters bronze by others.

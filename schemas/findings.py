@@ -17,5 +17,9 @@ FINDINGS = {
     "DEAD_LETTERED": "a message parked in the group's dead-letter queue",
     "TOPIC_NOT_ON_BROKER": "a live master lacks a topic the rest of its cluster serves, or cannot take its writes",
     "BROKER_WITHOUT_WRITES": "a live master stored nothing while the rest of its cluster stored many",
+    "CHECK_ANSWER_LOST": "a producer answered a check COMMIT or ROLLBACK, and the broker went on checking",
+    "DUPLICATE_CONSUMPTION": "one message consumed successfully more than once in one group (traced)",
+    "CONSUME_FAILED": "consumption attempts a group's listener failed (traced)",
+    "TRACE_CONTRADICTION": "the message trace contradicts what txn-recon inferred: a finding about txn-recon",
 }
 ANOMALY_TYPES = tuple(FINDINGS)

@@ -173,4 +173,46 @@ TOPOLOGY = Schema(
     ),
 )  # fmt: skip
 
-LANDING = {s.name: s for s in (HALF, OP, REAL, OFFSET, CONSUMER, COPY, TOPOLOGY)}
+# RocketMQ's message trace (docs/concepts/trace.md): one record per trace context, keyed by the trace message's
+# place in its topic and the context's place in the message body (`sources.trace` decodes them). A context
+# that could not be decoded is landed with `malformed` (why) and `raw` (its text), and ingest quarantines it.
+TRACE_TYPES = ("Pub", "SubBefore", "SubAfter", "EndTransaction", "Recall")
+_DECODED = (("malformed", None),)
+
+TRACE = Schema(
+    "trace",
+    (Field("broker_name", "string"), Field("topic", "string", doc="the trace topic: RMQ_SYS_TRACE_TOPIC or a client's"))
+    + _STORED[1:]
+    + (
+        Field("born_host", "string", nullable=True, doc="ip:port of the client that sent the trace message"),
+        Field("context_index", "int", doc="the context's place in the trace message's body, from 0"),
+        Field("trace_type", "string", nullable=True, required_when=_DECODED,
+              doc="Pub, SubBefore, SubAfter, EndTransaction or Recall"),
+        Field("timestamp", "long", nullable=True,
+               doc="client clock: the send, the attempt's start, the end request"),
+        Field("region_id", "string", nullable=True),
+        Field("group_name", "string", nullable=True, doc="the producer group (Pub, EndTransaction) or consumer group"),
+        Field("request_id", "string", nullable=True, doc="SubBefore, SubAfter: pairs the two of one attempt"),
+        Field("msg_topic", "string", nullable=True, doc="the traced message's topic"),
+        Field("uniq_key", "string", nullable=True, required_when=_DECODED, doc="the traced message's UNIQ_KEY (msgId)"),
+        Field("tags", "string", nullable=True),
+        Field("keys", "string", nullable=True),
+        Field("store_host", "string", nullable=True, doc="the broker's address the client sent to"),
+        Field("body_length", "int", nullable=True),
+        Field("cost_ms", "int", nullable=True, doc="Pub: the send; SubAfter: the consumption, per message"),
+        Field("msg_type", "string", nullable=True, doc="Normal_Msg, Trans_Msg_Half, Trans_msg_Commit, ..."),
+        Field("offset_msg_id", "string", nullable=True, doc="Pub: the broker's id of the stored message"),
+        Field("success", "boolean", nullable=True, doc="Pub, SubAfter, Recall"),
+        Field("client_host", "string", nullable=True),
+        Field("retry_times", "int", nullable=True, doc="SubBefore: reconsumeTimes of the message consumed"),
+        Field("context_code", "int", nullable=True, doc="SubAfter: ConsumeReturnType's ordinal"),
+        Field("transaction_id", "string", nullable=True),
+        Field("transaction_state", "string", nullable=True, doc="COMMIT_MESSAGE, ROLLBACK_MESSAGE or UNKNOW"),
+        Field("from_check", "boolean", nullable=True, doc="EndTransaction: the answer to a check"),
+        Field("malformed", "string", nullable=True, doc="why the context could not be decoded (ingest quarantines it)"),
+        Field("raw", "string", nullable=True, doc="the context's text, when malformed"),
+    ),
+    key=("broker_name", "topic", "queue_id", "queue_offset", "context_index"),
+)  # fmt: skip
+
+LANDING = {s.name: s for s in (HALF, OP, REAL, OFFSET, CONSUMER, COPY, TOPOLOGY, TRACE)}

@@ -13,7 +13,14 @@ from typing import Any
 
 from schemas.bronze import BRONZE
 from schemas.findings import ANOMALY_TYPES
-from schemas.landing import COPY_KINDS, HALF_TOPIC_OF_OP, OP_BODY_CHARS, OP_BODY_EMPTY_ITEM, TOPOLOGY_KINDS
+from schemas.landing import (
+    COPY_KINDS,
+    HALF_TOPIC_OF_OP,
+    OP_BODY_CHARS,
+    OP_BODY_EMPTY_ITEM,
+    TOPOLOGY_KINDS,
+    TRACE_TYPES,
+)
 from schemas.model import Field, Schema
 from schemas.reconciled import ANOMALIES, DELIVERIES, OFFSET_COMMITS, TXN_LIFECYCLE
 
@@ -23,6 +30,7 @@ TIME_COLUMNS = frozenset({"store_timestamp", "born_timestamp", "commit_timestamp
 NON_NEGATIVE = frozenset({
     "queue_id", "queue_offset", "commit_log_offset", "real_queue_id", "check_immunity_seconds",
     "prepared_queue_offset", "prepared_transaction_offset", "body_size", "reconsume_times", "offset", "seq",
+    "context_index",
     "copies", "check_times", "commit_count", "first_commit_queue_id", "first_commit_queue_offset", "retries",
     "duplicates_expected", "pending_ms", "broker_id", "read_queues", "write_queues",
 })  # fmt: skip
@@ -32,7 +40,10 @@ STATES = ("COMMITTED", "ROLLED_BACK", "DISCARDED", "PENDING")
 DISCARD_REASONS = ("MAX_CHECKS", "EXPIRED")
 SNAPSHOT_KINDS = ("subscription", "queue")
 TOPIC_REASONS = ("MISSING", "NOT_WRITABLE")  # TOPIC_NOT_ON_BROKER: no such topic, or none of its queues takes writes
-ANOMALY_REASONS = ("NO_HALF", "NO_OP", "AFTER_DISCARD", "OFFSET_MISMATCH", *DISCARD_REASONS, *TOPIC_REASONS)
+# TRACE_CONTRADICTION: a check answer traced where we saw no check; consumed where we say a filter refused it.
+CONTRADICTIONS = ("ANSWER_WITHOUT_CHECK", "CONSUMED_BUT_UNDELIVERED")
+ANOMALY_REASONS = ("NO_HALF", "NO_OP", "AFTER_DISCARD", "OFFSET_MISMATCH", *DISCARD_REASONS, *TOPIC_REASONS,
+                   *CONTRADICTIONS)  # fmt: skip
 MAX_PERM = 15  # PermName: inherit 1, write 2, read 4, priority 8
 
 
@@ -94,8 +105,8 @@ def _problems(what: str) -> Expectation:
 
 def suites(check_max: int) -> tuple[Suite, ...]:
     """Every suite, in the order they run. `check_max` is the broker's transactionCheckMax."""
-    half, op, real, offset, consumer, copy, topology = (
-        BRONZE[s] for s in ("half", "op", "real", "offset", "consumer", "copy", "topology")
+    half, op, real, offset, consumer, copy, topology, trace = (
+        BRONZE[s] for s in ("half", "op", "real", "offset", "consumer", "copy", "topology", "trace")
     )
     in_set = "column_values_to_be_in_set"
     half_topics, op_topics = sorted(HALF_TOPIC_OF_OP.values()), sorted(HALF_TOPIC_OF_OP)
@@ -112,6 +123,9 @@ def suites(check_max: int) -> tuple[Suite, ...]:
         _e(in_set, column="kind", value_set=list(TOPOLOGY_KINDS)),
         _e("column_values_to_be_between", column="perm", min_value=0, max_value=MAX_PERM),
     )
+    # A malformed context is quarantined by ingest, never stored.
+    trace_rows = (_e(in_set, column="trace_type", value_set=list(TRACE_TYPES)),
+                  _e("column_values_to_be_null", column="malformed"))  # fmt: skip
     lifecycle = (
         _e(in_set, column="state", value_set=list(STATES)),
         _e(in_set, column="reason", value_set=list(DISCARD_REASONS)),
@@ -134,6 +148,7 @@ def suites(check_max: int) -> tuple[Suite, ...]:
         Suite(consumer.name, "bronze", contract(consumer) + snapshot_rows, incremental=True, key=consumer.key),
         Suite(copy.name, "bronze", contract(copy) + copy_rows, incremental=True, key=copy.key),
         Suite(topology.name, "bronze", contract(topology) + topology_rows, incremental=True, key=topology.key),
+        Suite(trace.name, "bronze", contract(trace) + trace_rows, incremental=True, key=trace.key),
         Suite(
             TXN_LIFECYCLE.name, "silver", contract(TXN_LIFECYCLE) + lifecycle, incremental=True, key=TXN_LIFECYCLE.key
         ),

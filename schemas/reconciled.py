@@ -93,6 +93,7 @@ RECONCILE_RUNS = Schema(
         Field("finished_at", "timestamp"),
         Field("deliveries_version", "long", nullable=True, doc="null: written by an older version, whole"),
         Field("delivery_counts_version", "long", nullable=True, doc="null: written by an older version"),
+        Field("trace_version", "long", nullable=True, doc="the trace_events version read (null: before the trace)"),
         Field(
             "wants",
             "string",
@@ -153,4 +154,20 @@ BROKER_WRITES = Schema(
         Field("halves", "long", doc="transactional halves sent for the topic (originals, not check copies)"),
     ),
     key=("broker_name", "topic", "minute_ts"),
+)
+
+# A view over trace_events (docs/concepts/trace.md): what each group's clients traced, per minute of store time.
+# A rule concludes from a missing trace only for a group that traced in the same window.
+TRACE_COVERAGE = Schema(
+    "trace_coverage",
+    (
+        Field("group_name", "string", doc="a producer or consumer group whose clients trace"),
+        Field("role", "string", doc="producer (Pub, EndTransaction) or consumer (SubBefore, SubAfter)"),
+        Field("minute_ts", "long", doc="the minute of the trace messages' store time, epoch milliseconds"),
+        Field("contexts", "long", doc="trace contexts landed"),
+        Field("instances", "long", doc="clients that sent them (their trace producers' addresses)"),
+        Field("answers", "long", doc="producer: answers to checks"),
+        Field("failed", "long", doc="consumer: failed attempts"),
+    ),
+    key=("group_name", "role", "minute_ts"),
 )

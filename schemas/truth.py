@@ -38,6 +38,10 @@ KEY_FIELDS = {
     "SUBSCRIPTION_CONFLICT": ("broker_name", "consumer_group", "event_ts"),
     "TOPIC_NOT_ON_BROKER": ("cluster", "broker_name", "topic", "reason", "event_ts", "until"),
     "BROKER_WITHOUT_WRITES": ("cluster", "broker_name", "event_ts", "until"),
+    # The cause is scored with the discard: what its group's trace says of its checks (null: untraced).
+    "DISCARDED_AFTER_MAX_CHECKS": ("broker_name", "uniq_key", "reason", "cause"),
+    "DUPLICATE_CONSUMPTION": ("consumer_group", "uniq_key", "consumed"),
+    "CONSUME_FAILED": ("consumer_group", "uniq_key", "failed"),
 }
 TXN_KEY = ("broker_name", "uniq_key", "reason")
 

@@ -38,9 +38,11 @@ from sources.records import (
     RECORD,
     ROCKSDB_HALF_TOPIC,
     ROCKSDB_OP_TOPIC,
+    TRACE_TOPICS,
     half_log_offset,
     is_business_topic,
     is_copy_topic,
+    keep_body,
     rocksdb_op_record,
     stream_of,
 )
@@ -52,7 +54,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 CHECK_GROUP = "CID_RMQ_SYS_TRANS"  # the transaction check service's own progress (MixAll.CID_SYS_RMQ_TRANS)
 TRANSACTION_TOPICS = (HALF_TOPIC, OP_TOPIC, DISCARD_TOPIC, ROCKSDB_HALF_TOPIC, ROCKSDB_OP_TOPIC)
-_KEEP_BODY = frozenset({OP_TOPIC})
 _IN_FLIGHT = 16  # pull requests sent before their answers are read (each answer up to 256 KiB)
 _PROGRESS_EVERY = 100_000  # messages between two progress lines of one broker's pass
 _RETRIES = 3  # PULL_RETRY_IMMEDIATELY answers in a row before a queue waits for the next pass
@@ -136,6 +137,7 @@ class Collector:
         self.folder = landing / "_collect"
         # What the last pass's topology snapshot saw: cluster -> master -> its business topics (None: unread).
         self.seen: dict[str, dict[str, list[str] | None]] = {}
+        self.trace_topics = TRACE_TOPICS | frozenset(settings.trace_topics)
 
     def connect(self, address: str) -> Connection:
         return Connection(address, self.settings.timeout_s, self.creds)
@@ -182,7 +184,8 @@ class Collector:
             with self.connect(address) as conn:
                 queues, indexed = self._queues(conn, broker, cluster, state, run)
                 run.reached = True
-                whole = _pull_all(conn, self.settings.group, broker, queues, indexed, state, streams, run, self.stop)
+                whole = _pull_all(conn, self.settings.group, broker, queues, indexed, state, streams, run, self.stop,
+                                  self.trace_topics)  # fmt: skip
                 self._snapshot_offsets(conn, broker, state, run, prefix)
                 run.complete = whole
         except RemotingError as e:
@@ -198,9 +201,10 @@ class Collector:
         run.finished_at = _now()
         if run.status == "failed":
             return run
-        log.info("collect %s: half %d, op %d, real %d (discarded %d), consumer copies %d, offset records %d, "
-                 "check backlog %s, op backlog %s%s", broker, run.records["half"], run.records["op"],
-                 run.records["real"], run.messages[DISCARD_TOPIC], run.records["copy"], run.offset_records,
+        log.info("collect %s: half %d, op %d, real %d (discarded %d), consumer copies %d, trace contexts %d, "
+                 "offset records %d, check backlog %s, op backlog %s%s", broker, run.records["half"], run.records["op"],
+                 run.records["real"], run.messages[DISCARD_TOPIC], run.records["copy"], run.records["trace"],
+                 run.offset_records,
                  _opt(run.check_backlog), _opt(run.op_backlog),
                  f"; {len(run.errors)} error(s)" if run.errors else "")  # fmt: skip
         return run
@@ -223,7 +227,7 @@ class Collector:
         wanted = set(self.settings.topics)
 
         def chosen_topic(t: str) -> bool:
-            if t in TRANSACTION_TOPICS or is_copy_topic(t):
+            if t in TRANSACTION_TOPICS or is_copy_topic(t) or t in self.trace_topics:
                 return True
             return is_business_topic(t) and t not in (broker, cluster) and (not wanted or t in wanted)
 
@@ -401,7 +405,7 @@ def _opt(value: int | None) -> str:
 
 def _pull_all(conn: Connection, group: str, broker: str, queues: list[QueueId], indexed: set[QueueId],
               state: BrokerState, streams: dict[str, Stream], run: BrokerRun,
-              stop: threading.Event) -> bool:  # fmt: skip
+              stop: threading.Event, trace_topics: frozenset[str] = TRACE_TOPICS) -> bool:  # fmt: skip
     """Pull every queue up to its end; False if some queue could not be (it is read again next pass). A
     round sends one request per unfinished queue, pipelined on the one connection, _IN_FLIGHT at a time: a
     round trip per chunk of queues, and the broker never holds more than a few MiB of answers for us. The
@@ -430,7 +434,7 @@ def _pull_all(conn: Connection, group: str, broker: str, queues: list[QueueId], 
                     if isinstance(pending, PullResult)
                     else client.pull_result(conn.receive(pending), conn.address)
                 )
-                if _apply(result, queue, broker, state, streams, routes, run, retries, conn):
+                if _apply(result, queue, broker, state, streams, routes, run, retries, conn, trace_topics):
                     still.append(queue)
         active = still
         pulled = sum(run.messages.values())
@@ -441,13 +445,14 @@ def _pull_all(conn: Connection, group: str, broker: str, queues: list[QueueId], 
 
 
 def _apply(result: PullResult, queue: QueueId, broker: str, state: BrokerState, streams: dict[str, Stream],
-           routes: dict[str, Any], run: BrokerRun, retries: Counter[QueueId], conn: Connection) -> bool:  # fmt: skip
+           routes: dict[str, Any], run: BrokerRun, retries: Counter[QueueId], conn: Connection,
+           trace_topics: frozenset[str] = TRACE_TOPICS) -> bool:  # fmt: skip
     """Take one pull answer into the streams and positions; True if the queue has more to read now."""
     topic, queue_id = queue
     at = state.positions.get(queue, 0)
     where = f"collect {broker}: {topic} queue {queue_id}"
     if result.code == remoting.SUCCESS:
-        for entry in scan(result.body, 0, 0, _KEEP_BODY):
+        for entry in scan(result.body, 0, 0, keep_body(trace_topics)):
             if isinstance(entry, Message) and entry.topic == ROCKSDB_OP_TOPIC:
                 op = _rocksdb_op(conn, broker, entry)
                 if op is None:  # as export-store does: the half is gone for good, so is what the op says
@@ -460,10 +465,10 @@ def _apply(result: PullResult, queue: QueueId, broker: str, state: BrokerState, 
             elif isinstance(entry, Message):
                 route = routes.get(entry.topic, False)
                 if route is False:
-                    name = stream_of(entry.topic)
+                    name = stream_of(entry.topic, trace_topics)
                     route = routes[entry.topic] = None if name is None else (RECORD[name], streams[name])
                 if route is not None and (record := route[0](broker, entry)) is not None:
-                    route[1].add(record)
+                    route[1].add_all(record)
                 run.messages[entry.topic] += 1
             elif isinstance(entry, Corrupt):
                 # The position stays before this batch: next pass reads it again (its good messages as

@@ -8,6 +8,7 @@ written, and corrupt records with the position the walk resumed at.
 
 from __future__ import annotations
 
+import ipaddress
 import mmap
 import struct
 import zlib
@@ -57,6 +58,7 @@ class Message(NamedTuple):
     topic: str
     properties: str  # the raw properties string; `properties()` parses it
     body: bytes | None  # kept only for the topics asked for (op bodies are data)
+    born_host: str | None = None  # "ip:port" of the sender, for the topics whose body is kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +167,20 @@ def _decode(buf: Buffer, view: memoryview, at: int, base: int, keep_body: frozen
     if b"\0" in raw_props:  # no client writes them, and no CRC covers the properties: a page lost to zeros
         return "zero bytes in the properties"
     props = raw_props.decode("utf-8", "replace")
-    body = buf[body_at : body_at + body_len] if topic in keep_body else None
+    if topic not in keep_body:
+        return Message(at + base, size, queue_id, flag, queue_offset, physical, sys_flag, born_ts, store_ts,
+                       reconsume, prepared, body_len, topic, props, None)  # fmt: skip
     return Message(at + base, size, queue_id, flag, queue_offset, physical, sys_flag, born_ts, store_ts, reconsume,
-                   prepared, body_len, topic, props, body)  # fmt: skip
+                   prepared, body_len, topic, props, buf[body_at : body_at + body_len],
+                   _host(buf, at + 48, sys_flag & BORNHOST_V6))  # fmt: skip
+
+
+def _host(buf: Buffer, at: int, v6: int) -> str:
+    """The host at `at`: 4 (IPv4) or 16 (IPv6) address bytes, then the port as an int."""
+    width = 16 if v6 else 4
+    address = ipaddress.ip_address(bytes(buf[at : at + width]))
+    port = _INT.unpack_from(buf, at + width)[0]
+    return f"[{address}]:{port}" if v6 else f"{address}:{port}"
 
 
 def _all_zero(buf: Buffer, start: int, end: int, chunk: int = 1 << 20) -> bool:

@@ -42,6 +42,11 @@ class Stream:
         if len(lines) >= _LINES_PER_WRITE:
             self._write()
 
+    def add_all(self, record: tuple[Any, ...] | list[tuple[Any, ...]]) -> None:
+        """A record, or each of a list of them (a trace message's)."""
+        for rec in record if isinstance(record, list) else (record,):
+            self.add(rec)
+
     def _write(self) -> None:
         if self.handle is None:
             self.folder.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,10 @@
 """Stored messages into landing records (DESIGN §1), by topic. Pure.
 
 The half topics give `half` records, the op topics `op` records, business topics and the discard topic
-`real` records, a group's retry and DLQ topics `copy` records. Every other topic (schedule, trace and the
-broker's own system topics) is counted by the caller and skipped: it holds no transaction and no business
-message. A copy keeps the original's properties and flags, a committed transactional message's included:
+`real` records, a group's retry and DLQ topics `copy` records, the trace topics `trace` records (one per
+context, `sources.trace`). Every other topic (schedule and the broker's own system topics) is counted by
+the caller and skipped: it holds no transaction and no business message. A copy keeps the original's
+properties and flags, a committed transactional message's included:
 it must never land as `real`, where it would count as a second commit.
 
 A RIP-82 broker (5.4+, transRocksDBEnable with transWriteOriginTransHalfEnable=false) keeps its halves in
@@ -28,8 +29,10 @@ from schemas.landing import (
     SCHEDULE_TOPIC,
 )
 from sources.commitlog import TRANSACTION_BITS, Message, properties
+from sources.trace import TRACE_TOPIC, trace_records
 
 DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+TRACE_TOPICS = frozenset({TRACE_TOPIC})
 
 COMMIT_TYPE = 0x8
 # TopicValidator.SYSTEM_TOPIC_SET (5.5.0) and its prefix; `%` starts retry, DLQ and LMQ topics.
@@ -42,8 +45,11 @@ def is_business_topic(topic: str) -> bool:
     return not (topic in SYSTEM_TOPICS or topic.startswith(("rmq_sys_", "%")))
 
 
-def stream_of(topic: str) -> str | None:
-    """The landing stream a topic's messages go to, or None when they are skipped."""
+def stream_of(topic: str, trace_topics: frozenset[str] = TRACE_TOPICS) -> str | None:
+    """The landing stream a topic's messages go to, or None when they are skipped. `trace_topics`: the
+    default trace topic and those clients name (`collect.trace_topics`)."""
+    if topic in trace_topics:
+        return "trace"
     if topic in (HALF_TOPIC, ROCKSDB_HALF_TOPIC):
         return "half"
     if topic in (OP_TOPIC, ROCKSDB_OP_TOPIC):
@@ -129,6 +135,13 @@ def _copy(broker: str, m: Message, copy_topic: str, kind: str) -> tuple[Any, ...
             get("TRAN_MSG") == "true", get("__transactionId__"), get("TAGS"), get("KEYS"))  # fmt: skip
 
 
-# Each gives the landing record of a message of its stream, or None for one the stream does not take.
-RECORD: dict[str, Callable[[str, Message], tuple[Any, ...] | None]] = {
-    "half": half_record, "op": op_record, "real": real_record, "copy": copy_record}  # fmt: skip
+# Each gives the landing record of a message of its stream, or None for one the stream does not take; a trace
+# message gives a list, a record per context.
+Record = tuple[Any, ...] | list[tuple[Any, ...]] | None
+RECORD: dict[str, Callable[[str, Message], Record]] = {
+    "half": half_record, "op": op_record, "real": real_record, "copy": copy_record, "trace": trace_records}  # fmt: skip
+
+
+def keep_body(trace_topics: frozenset[str]) -> frozenset[str]:
+    """The topics whose bodies are data: the op topic's (half offsets) and the trace topics' (contexts)."""
+    return frozenset({OP_TOPIC}) | trace_topics

@@ -21,10 +21,13 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from schemas.landing import TRACE
 from sources import client, offsets, remoting, topology
 from sources.commitlog import Corrupt, DataEnd, FileEnd, Message, scan
 from sources.fastjson import FastjsonError, loads
 from sources.remoting import Command
+from sources.trace import TRACE_TOPIC, trace_records
+from tests.trace_encoding import TRACE_BODIES
 
 DATA = Path(__file__).parent / "data"
 REGRESSIONS = DATA / "fuzz"
@@ -165,6 +168,17 @@ def check_answers(data: bytes) -> None:
         topology.parse_topics_file(data.decode("utf-8", "replace"))
 
 
+def check_trace(data: bytes) -> None:
+    """A trace message's body gives at least one record, each of the landing schema's width and either decoded
+    (it has a type) or malformed (it says why), never both."""
+    records = trace_records("b", Message(0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, len(data), TRACE_TOPIC, "", data, "h:1"))
+    assert records
+    for rec in records:
+        assert len(rec) == len(TRACE.names), rec
+        fields = dict(zip(TRACE.names, rec, strict=True))
+        assert (fields["malformed"] is None) == (fields["trace_type"] is not None)
+
+
 # The decoders, their checks and seeds; the seeds are read when asked for.
 DECODERS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] = {
     "commitlog": (check_commitlog, lambda: [_first_records(12), _second_file()[:6_000]]),
@@ -172,6 +186,7 @@ DECODERS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] =
     "fastjson": (check_fastjson, _bodies),
     "offsets": (check_offsets, lambda: [(STORE / "consumerOffset.json").read_bytes()]),
     "answers": (check_answers, _bodies),
+    "trace": (check_trace, lambda: list(TRACE_BODIES)),
 }
 
 

@@ -75,6 +75,23 @@ def _data() -> dict[str, Any]:
             }
         ],
         "topic_gaps_total": 1,
+        "trace": {
+            "discard_causes": [{"cause": "ANSWERED_UNKNOWN", "discards": 7}, {"cause": "UNANSWERED", "discards": 2}],
+            "groups": [
+                {
+                    "consumer_group": "cg",
+                    "latency_p50_s": 0.25,
+                    "latency_p99_s": 3.5,
+                    "traced_last_hour": 40,
+                    "duplicates": 5,
+                    "predicted": 4,
+                    "missed": 1,
+                    "failed_messages": 0,
+                }
+            ],
+            "contradictions": [],
+            "contradictions_total": 0,
+        },
     }
 
 
@@ -101,6 +118,9 @@ def test_every_finding_is_drawn_and_keyed() -> None:
     assert "op lag: 5,400" in html
     assert '<tr class="fail">' in html  # the failed expectation stands out
     assert 'id="orphaned"' in html and "None." in html  # an empty table says so
+    # The trace section: discards by cause, and per group the latency and the duplicates the offsets missed.
+    trace = html.split('<section id="trace">', 1)[1].split("</section>", 1)[0]
+    assert "ANSWERED_UNKNOWN" in trace and ">7<" in trace and ">3.5<" in trace and ">1<" in trace
 
 
 def test_bars_scale_to_the_largest_total() -> None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,12 @@ from tests.bench.bench_pipeline import PEER_TYPES
 from tests.bench.peer_duckdb import run
 
 RULES = dataclasses.asdict(rules_from(load_config()))
+
+
+def _key(a: dict[str, Any]) -> tuple[Any, ...]:
+    """A finding's score key, but a discard's cause: the peer runs no trace rule."""
+    key = truth_key(a)
+    return key[:3] if a["anomaly_type"] == "DISCARDED_AFTER_MAX_CHECKS" else key
 
 
 @pytest.mark.parametrize(("profile", "seed", "transactions"), [("chaos", 1, 3000), ("default", 1, 30000)])
@@ -32,7 +39,7 @@ def test_the_peer_finds_what_the_model_says(tmp_path: Path, profile: str, seed: 
     *found, tail = [json.loads(line) for line in out.read_text().splitlines()]
     truth = [json.loads(line) for line in (landing / "_truth" / "anomalies.jsonl").read_text().splitlines()]
     wanted = [a for a in truth if a["anomaly_type"] in PEER_TYPES]
-    assert Counter(truth_key(a) for a in found) == Counter(truth_key(a) for a in wanted)
+    assert Counter(_key(a) for a in found) == Counter(_key(a) for a in wanted)
     estimates = {truth_key(a): a["detail"]["redelivery_estimate"] for a in wanted
                  if a["anomaly_type"] == "OFFSET_REGRESSION"}  # fmt: skip
     assert estimates and {truth_key(a): a["redelivery_estimate"] for a in found

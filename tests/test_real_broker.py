@@ -96,12 +96,12 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
     root = tmp_path_factory.mktemp("rocketmq")
     classes = compile_driver(root / "classes")
     truth, landing, live, log = root / "truth.jsonl", root / "landing", root / "live", root / "collector.log"
-    with RocketMQ(root, SETTINGS) as rmq:
+    with RocketMQ(root, SETTINGS, extra_conf=("traceTopicEnable=true",)) as rmq:
         collector = start_collector(rmq.namesrv, live, log, "--every", "1")
         try:
             started = int(time.time() * 1000)
             run_driver(classes, "txn", rmq.namesrv, truth, str(SETTINGS.check_max), str(SETTINGS.check_interval_ms),
-                       home=root / "client")  # fmt: skip
+                       home=root / "client", trace=True)  # fmt: skip
             time.sleep(2)  # the broker writes consumerOffset.json every second
             exports = [export(rmq.store, landing, rmq.broker_name)]
             run_driver(classes, "reset", rmq.namesrv, truth, str(started), home=root / "client")
@@ -135,10 +135,11 @@ def test_scenario_played_every_fate(scenario: Scenario) -> None:
 
 
 def test_export_is_incremental_and_misses_nothing(scenario: Scenario, tmp_path: Path) -> None:
-    assert "half 0, op 0, real 0, consumer copies 0; offset records 0" in scenario.exports[-1], scenario.exports
+    nothing = "half 0, op 0, real 0, consumer copies 0, trace contexts 0; offset records 0"
+    assert nothing in scenario.exports[-1], scenario.exports
     once = tmp_path / "once"
     export(scenario.broker.store, once, scenario.broker.broker_name)
-    for stream in ("half", "op", "real"):
+    for stream in ("half", "op", "real", "trace"):
         assert landed(scenario.landing / stream) == landed(once / stream), stream
     files = sorted(p.name for p in (scenario.broker.store / "commitlog").iterdir())
     assert len(files) > 2, "the scenario should span several commit-log files"
@@ -174,7 +175,7 @@ def test_collector_reported_the_broker_restart(scenario: Scenario) -> None:
 
 def test_live_collection_lands_what_export_store_lands(spark: SparkSession, scenario: Scenario,
                                                        warehouses: dict[str, Config]) -> None:  # fmt: skip
-    for stream in ("half", "op", "real"):
+    for stream in ("half", "op", "real", "trace"):
         exported, live = (rows(spark, warehouses[way], stream) for way in ("export", "live"))
         assert exported and live == exported, stream
     # Offsets: the same last committed offset of every queue (their commit times are each reader's own).
@@ -238,6 +239,22 @@ def test_pipeline_matches_what_the_broker_did(spark: SparkSession, scenario: Sce
     # the walk first (seen: 9 ms and about 2 s on an idle machine, more under load). The model does the same.
     gaps = [r["discard_ts"] - r["last_copy_ts"] for r in life.values() if r["discard_ts"] is not None]
     assert gaps and min(gaps) >= 0, gaps
+
+    # The producers traced (enableMsgTrace): each discard counts the answers its checks got, as the application
+    # logged them, and says why: UNKNOW answered (UNKNOW_FOREVER, LATE_COMMIT), or nobody left to answer (GONE).
+    discards = {
+        r["uniq_key"]: json.loads(r["detail"]) for r in rows if r["anomaly_type"] == "DISCARDED_AFTER_MAX_CHECKS"
+    }
+    causes: Counter[tuple[str, str]] = Counter()
+    for t in (t for t in txns if t["uniq_key"] in discards):
+        d, said = discards[t["uniq_key"]], Counter(c["answer"] for c in t["checks"])
+        assert d["answers"] == {"unknown": said["UNKNOW"], "commit": said["COMMIT"], "rollback": said["ROLLBACK"],
+                                "unanswered": d["check_times"] - len(t["checks"])}, (t, d)  # fmt: skip
+        assert d["cause"] == ("ANSWERED_UNKNOWN" if said["UNKNOW"] else "UNANSWERED"), (t, d)
+        causes[(t["fate"], d["cause"])] += 1
+    # A GONE producer may answer a check (UNKNOW) before it is shut down: each discard's cause is what it did.
+    assert causes[("UNKNOW_FOREVER", "ANSWERED_UNKNOWN")] == 10 and causes[("GONE", "UNANSWERED")] > 0, causes
+    assert not [r for r in rows if r["anomaly_type"] in ("TRACE_CONTRADICTION", "CHECK_ANSWER_LOST")]
 
 
 def test_a_corrupt_store_loses_its_damaged_spans_and_nothing_else(

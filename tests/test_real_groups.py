@@ -91,7 +91,8 @@ def played(spark: SparkSession, config: Config, tmp_path_factory: pytest.TempPat
     classes = compile_driver(root / "classes")
     landing, home = root / "landing", root / "client"
     procs: list[subprocess.Popen[bytes]] = []
-    with RocketMQ(root / "rmq", BrokerSettings(check_interval_ms=3_600_000), extra_conf=(DELAY_LEVELS,)) as rmq:
+    broker_conf = (DELAY_LEVELS, "traceTopicEnable=true")
+    with RocketMQ(root / "rmq", BrokerSettings(check_interval_ms=3_600_000), extra_conf=broker_conf) as rmq:
         collector = Collector([rmq.namesrv], landing, config.collect)
         try:
             conflict, consumed, members, tags, retry, late = _play(rmq, classes, collector, landing, home, procs)
@@ -171,8 +172,8 @@ def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, hom
     run_driver(classes, "send", rmq.namesrv, root / "sent.jsonl", "TopicH", "4", home=home, timeout_s=60)
     for name, persist_ms in (("survivor", "1000"), ("victim", "600000")):
         procs.append(start_driver(classes, "member", rmq.namesrv, out[name], "CG_HANDOFF", "TopicH", name,
-                                  persist_ms, home=home, name=name))  # fmt: skip
-    victim = procs[-1]
+                                  persist_ms, home=home, name=name, trace=True))  # fmt: skip
+    survivor, victim = procs[-2:]
     wait_for(lambda: sum(1 for n in out for r in _lines(out[n]) if r["kind"] == "consumed") >= 4,
              "both members to consume the first messages")  # fmt: skip
     time.sleep(11)  # the victim's one persist, 10 s after its start
@@ -184,7 +185,18 @@ def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, hom
                timeout_s=60)  # fmt: skip
     wait_for(lambda: any(r["kind"] == "paused" for r in _lines(out["victim"])), "the victim to stop pulling")
     time.sleep(2)  # the victim consumes what it pulled; the survivor persists
-    collect()
+
+    def all_traced(*alive: subprocess.Popen[bytes]) -> bool:
+        """Whether the collector has landed a SubAfter for every consumption the members logged. A live member's
+        trace contexts wait in its dispatcher for up to 5 s; asked to flush, it sends them all."""
+        for member in alive:
+            _tell(member, "flush")
+        collect()
+        logged = Counter(r["key"] for n in out for r in _lines(out[n]) if r["kind"] == "consumed")
+        traced = Counter(r.get("keys") for r in _landed(landing / "trace") if r.get("trace_type") == "SubAfter")
+        return traced == logged
+
+    wait_for(lambda: all_traced(victim, survivor), "the members' trace of what they consumed")
     victim.kill()  # SIGKILL: the victim's in-memory offsets die with it
     victim.wait(30)
     # The survivor takes the victim's queues over and consumes what it finds there again: seen within a
@@ -193,6 +205,10 @@ def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, hom
     wait_for(lambda: any(r.get("key") in victims for r in _lines(out["survivor"])), "the survivor to take over")
     time.sleep(3)  # the rest of the window
     collect()
+    assert survivor.stdin is not None
+    survivor.stdin.close()  # it shuts down: its offsets persisted, its trace flushed
+    assert survivor.wait(60) == 0
+    wait_for(all_traced, "the survivor's trace")
     members = {r["member"]: r["client_id"] for n in out for r in _lines(out[n]) if r["kind"] == "member"}
     consumed = [r for n in out for r in _lines(out[n]) if r["kind"] == "consumed"]
     [conflict_line] = [r for r in _lines(root / "conflict.jsonl") if r["kind"] == "conflict"]
@@ -202,6 +218,10 @@ def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, hom
     counts = {k: conflict_line[k] for k in ("sent", "consumed")} | {"consumed_in_the_end": end_line["consumed"]}
     late_lines = [r for r in _lines(root / "late.jsonl") if r["kind"] in ("tagged", "received")]
     return counts, consumed, members, tagged, retried, late_lines
+
+
+def _landed(folder: Path) -> Records:
+    return [json.loads(line) for f in sorted(folder.glob("*.jsonl")) for line in f.read_text().splitlines()]
 
 
 def _found(spark: SparkSession, played: Played, kind: str, group: str) -> list[dict[str, Any]]:
@@ -257,6 +277,31 @@ def test_a_killed_member_is_a_hand_off_whose_duplicates_the_estimate_counts(spar
     twice = {r["queue_id"] for r in played.consumed if seen[r["key"]] > 1}
     assert twice == {h["queue_id"] for h in handoffs}
     assert not _found(spark, played, "REDELIVERY_AT_HANDOFF", "CG_CONFLICT")
+
+
+def test_traced_duplicates_are_what_the_members_logged_and_the_hand_off_explains_them(
+    spark: SparkSession, played: Played
+) -> None:
+    """Both members trace (enableMsgTrace, RMQ_SYS_TRACE_TOPIC): DUPLICATE_CONSUMPTION names each message they
+    logged twice, with both attempts, and links it to the hand-off whose window holds it."""
+    found = _found(spark, played, "DUPLICATE_CONSUMPTION", "CG_HANDOFF")
+    seen = Counter(r["key"] for r in played.consumed)
+    # The messages of a batch share the batch's UNIQ_KEY as stored (MessageExtEncoder appends the batch's
+    # properties after each message's own): their KEYS tell them apart.
+    assert {f["detail"]["keys"]: f["detail"]["consumed"] for f in found} == {k: n for k, n in seen.items() if n > 1}
+    handoffs = {h["anomaly_id"] for h in _found(spark, played, "REDELIVERY_AT_HANDOFF", "CG_HANDOFF")}
+    for f in found:
+        attempts = f["detail"]["attempts"]
+        assert len(attempts) == f["detail"]["consumed"] and all(a["success"] for a in attempts)
+        assert len({a["instance"] for a in attempts}) == 2, attempts  # the victim's, then the survivor's
+        assert [e["anomaly_id"] for e in f["detail"]["explained_by"]] == [
+            e["anomaly_id"] for e in f["detail"]["explained_by"] if e["anomaly_id"] in handoffs
+        ] and f["detail"]["explained_by"], f["detail"]
+        assert f["detail"]["predicted"] is True
+    # What the trace says of every member's consumption agrees with what we inferred, and nothing failed.
+    contradictions = spark.table(played.cfg.table("anomalies")).where("anomaly_type = 'TRACE_CONTRADICTION'")
+    assert contradictions.count() == 0, [r["detail"] for r in contradictions.collect()]
+    assert not _found(spark, played, "CONSUME_FAILED", "CG_HANDOFF")
 
 
 def test_messages_a_tag_filter_refused_are_undelivered_exactly_per_queue(spark: SparkSession, played: Played) -> None:

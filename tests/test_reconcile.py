@@ -22,16 +22,18 @@ from tests.test_ingest import fresh_db, ingest, make_landing, version
 pytestmark = pytest.mark.spark
 AS_OF = 2_000_000_000_000
 RUNS = [(p, seed, rate) for p, rate in (("clean", 20.0), ("default", 2.0), ("chaos", 2.0)) for seed in (1, 2, 3)]
-TIME_FIELDS = ("store_timestamp", "born_timestamp", "commit_timestamp", "snapshot_ts", "event_ts", "table_ts")
+TIME_FIELDS = ("store_timestamp", "born_timestamp", "commit_timestamp", "snapshot_ts", "event_ts", "table_ts",
+               "timestamp")  # fmt: skip
 NEW_TYPES = {"SUBSCRIPTION_CONFLICT", "STRANDED_QUEUE", "REDELIVERY_AT_HANDOFF", "OFFSET_JUMP"}
 
 
 def _shifted(rec: dict[str, Any], prefix: str, shift: int) -> dict[str, Any]:
-    """A record or truth finding moved in time, its brokers, clusters, consumer groups and business topics
-    renamed (a group's topic spans every broker holding it, a cluster's rules compare its brokers: runs must not
-    share one); a cluster finding's detail too (its cluster and end are part of its key)."""
+    """A record or truth finding moved in time, its brokers, clusters, groups and business topics renamed (a
+    group's topic spans every broker holding it, a cluster's rules compare its brokers, a group's trace covers
+    its windows: runs must not share one); a cluster finding's detail too (its cluster and end are part of its
+    key)."""
     out = {k: (v + shift if k in TIME_FIELDS and v is not None else v) for k, v in rec.items()}
-    for name in ("broker_name", "consumer_group", "topic", "origin_topic", "cluster"):
+    for name in ("broker_name", "consumer_group", "producer_group", "group_name", "topic", "origin_topic", "cluster"):
         if rec.get(name) is not None and rec[name] != "TRANS_CHECK_MAX_TIME_TOPIC":
             out[name] = f"{prefix}/{rec[name]}"
     if isinstance(rec.get("detail"), dict) and "cluster" in rec["detail"]:

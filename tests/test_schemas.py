@@ -8,14 +8,14 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
-from schemas import CONSUMER, HALF, LANDING, OFFSET, REAL, TOPOLOGY
+from schemas import CONSUMER, HALF, LANDING, OFFSET, REAL, TOPOLOGY, TRACE
 from schemas.arrow import to_arrow
 from schemas.model import Field, Schema
 from schemas.spark import to_struct
 
 
 def test_landing_streams_and_keys() -> None:
-    assert set(LANDING) == {"half", "op", "real", "offset", "consumer", "copy", "topology"}
+    assert set(LANDING) == {"half", "op", "real", "offset", "consumer", "copy", "topology", "trace"}
     assert HALF.key == ("broker_name", "topic", "queue_id", "queue_offset")  # two half topics since RIP-82
     assert HALF.defaults == {"topic": "RMQ_SYS_TRANS_HALF_TOPIC"} and HALF.field("topic").nullable
     assert REAL.key == ("broker_name", "topic", "queue_id", "queue_offset")
@@ -27,6 +27,10 @@ def test_landing_streams_and_keys() -> None:
     )
     assert TOPOLOGY.field("broker_name").required_in({"kind": "table"})
     assert not TOPOLOGY.field("broker_name").required_in({"kind": "route"})  # a topic with no route has none
+    # A trace context is one record of its message; a decoded one needs its type and key, a malformed one neither.
+    assert TRACE.key == ("broker_name", "topic", "queue_id", "queue_offset", "context_index")
+    assert TRACE.field("uniq_key").required_in({"malformed": None})
+    assert not TRACE.field("uniq_key").required_in({"malformed": "unknown trace type 'X'"})
 
 
 def test_spark_struct_matches_definition() -> None:

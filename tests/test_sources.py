@@ -192,7 +192,8 @@ def test_export_store_resumes_across_files_and_offsets(tmp_path: Path, capsys: p
     landing = tmp_path / "landing"
     args = ["export-store", "--store", str(store), "--landing", str(landing), "--broker-name", "b"]
     assert main(args) == 0
-    assert "half 1, op 0, real 1, consumer copies 0; offset records 2 (1 internal" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "half 1, op 0, real 1, consumer copies 0, trace contexts 0; offset records 2 (1 internal" in out
     (store / "commitlog" / f"{size:020d}").write_bytes(second)  # the broker wrote on
     (store / "config" / "consumerOffset.json").write_text('{"offsetTable":{"orders@g":{0:3,1:2}}}')
     assert main(args) == 0

@@ -24,6 +24,7 @@ from transforms.anomalies import (
 )
 from transforms.frames import ranges, within
 from transforms.lifecycle import Rules, facts, lifecycle, resolutions, resolved_offsets
+from transforms.trace import answered
 
 pytestmark = pytest.mark.spark
 RULES = Rules()
@@ -118,8 +119,8 @@ def test_lifecycle_states(spark: SparkSession) -> None:
 
 
 def found(life: DataFrame, rule: list[Finding], as_of: int) -> list[Any]:
-    """The anomaly rows one rule's findings give on a lifecycle."""
-    return life.transform(findings(*rule, as_of=as_of)).collect()
+    """The anomaly rows one rule's findings give on a lifecycle (of producers that do not trace)."""
+    return life.transform(answered(None, RULES)).transform(findings(*rule, as_of=as_of)).collect()
 
 
 @pytest.mark.parametrize(

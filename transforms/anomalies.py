@@ -16,16 +16,12 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from schemas.landing import ROCKSDB_HALF_TOPIC
-from transforms.frames import union_all
+from transforms.frames import detail_json, union_all
 from transforms.lifecycle import DISCARDED, EXPIRED, MAX_CHECKS, PENDING, Rules, age
+from transforms.trace import answer_lost, answer_without_check, answered, discard_answers, discard_cause
 
 OFFSET_KEY = ["broker_name", "consumer_group", "topic", "queue_id"]
 REGRESSION = [*OFFSET_KEY, "commit_timestamp", "seq", "offset", "prev_offset", "client_id", "prev_client_id"]
-
-
-def detail_json(detail: Column) -> Column:
-    """A detail struct as a JSON object, null fields included (a null says something here)."""
-    return F.to_json(detail, {"ignoreNullFields": "false"})
 
 
 @dataclass(frozen=True)
@@ -77,9 +73,25 @@ def discard() -> list[Finding]:
         F.col("reason") == EXPIRED, "DISCARDED_EXPIRED"
     )
     rocksdb = F.coalesce(F.col("half_topic") == ROCKSDB_HALF_TOPIC, F.lit(False))  # a discard leaves no message
-    detail = F.struct("check_times", "copies", (F.col("discard_ts").isNotNull() & ~rocksdb).alias("has_evidence"))
+    detail = F.struct(
+        "check_times", "copies", (F.col("discard_ts").isNotNull() & ~rocksdb).alias("has_evidence"),
+        F.when(F.col("reason") == MAX_CHECKS, discard_answers()).alias("answers"),
+        F.when(F.col("reason") == MAX_CHECKS, discard_cause()).alias("cause"),
+    )  # fmt: skip
     event_ts = F.coalesce("discard_ts", "last_copy_ts")
     return [Finding(kind, F.col("reason"), F.col("state") == DISCARDED, event_ts, detail)]
+
+
+def traced_answers(as_of: int, rules: Rules) -> list[Finding]:
+    """CHECK_ANSWER_LOST, and TRACE_CONTRADICTION ANSWER_WITHOUT_CHECK, from the check answers traced
+    (`transforms.trace.answered`)."""
+    lost = F.struct("decision", "decided_at", "resolved_ts", "last_copy_ts", "check_times", "producer_group")
+    said = F.struct("answers_unknown", "answers_commit", "answers_rollback", "check_times", "copies")
+    return [
+        Finding(F.lit("CHECK_ANSWER_LOST"), F.lit(None), answer_lost(rules), F.col("decided_at"), lost),
+        Finding(F.lit("TRACE_CONTRADICTION"), F.lit("ANSWER_WITHOUT_CHECK"), answer_without_check(),
+                F.col("born_ts"), said),
+    ]  # fmt: skip
 
 
 def orphaned_commit(as_of: int, rules: Rules) -> list[Finding]:
@@ -176,11 +188,14 @@ def offset_regressions(real_df: DataFrame, as_of: int) -> Callable[[DataFrame], 
     return transform
 
 
-def transaction_anomalies(lifecycle_df: DataFrame, as_of: int, rules: Rules) -> DataFrame:
-    """The findings about transactions: every type but OFFSET_REGRESSION."""
+def transaction_anomalies(
+    lifecycle_df: DataFrame, as_of: int, rules: Rules, trace: DataFrame | None = None
+) -> DataFrame:
+    """The findings about transactions, with what `trace` (trace_events up to as_of; None: none) says of their
+    check answers."""
     every = [*stuck_half(as_of, rules), *discard(), *orphaned_commit(as_of, rules), *duplicate_commit(),
-             *rechecked_after_resolution()]  # fmt: skip
-    return lifecycle_df.transform(findings(*every, as_of=as_of))
+             *rechecked_after_resolution(), *traced_answers(as_of, rules)]  # fmt: skip
+    return lifecycle_df.transform(answered(trace, rules)).transform(findings(*every, as_of=as_of))
 
 
 def all_anomalies(lifecycle_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame, as_of: int,

@@ -4,7 +4,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 
@@ -39,3 +39,8 @@ def within(df: DataFrame, bounds: Mapping[str, tuple[Any, Any]]) -> DataFrame:
         return df.where(F.lit(False))
     return df.where(functools.reduce(lambda a, b: a & b, [F.col(c).between(lo, hi) for c, (lo, hi) in bounds.items()],
                                      F.lit(True)))  # fmt: skip
+
+
+def detail_json(detail: Column) -> Column:
+    """A detail struct as a JSON object, null fields included (a null says something here)."""
+    return F.to_json(detail, {"ignoreNullFields": "false"})

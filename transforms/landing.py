@@ -24,7 +24,8 @@ Transform = Callable[[DataFrame], DataFrame]
 NON_NEGATIVE = frozenset({
     "queue_id", "queue_offset", "commit_log_offset", "store_timestamp", "born_timestamp", "real_queue_id",
     "check_times", "check_immunity_seconds", "prepared_queue_offset", "prepared_transaction_offset",
-    "body_size", "reconsume_times", "offset", "commit_timestamp", "seq",
+    "body_size", "reconsume_times", "context_index",
+    "offset", "commit_timestamp", "seq",
 })  # fmt: skip
 INSERT, DUPLICATE, QUARANTINED = "insert", "duplicate", "quarantine"  # a row's _fate
 
@@ -78,7 +79,8 @@ def _typed(text: Column, kind: str) -> Column:
 
 def _value_problems(schema: Schema, given: dict[str, Column]) -> Column:
     """Missing required fields (not `given`), negative offsets and times, an op body that is not a list
-    of offsets. A field given with the wrong type is reported by the parser, not again here."""
+    of offsets, a trace context that says it is malformed. A field given with the wrong type is reported by the
+    parser, not again here."""
     checks = [
         F.when(~given[f.name], F.lit(f"missing required field '{f.name}'")) for f in schema.fields if not f.nullable
     ]
@@ -94,6 +96,9 @@ def _value_problems(schema: Schema, given: dict[str, Column]) -> Column:
     if "body" in schema.names and schema.name == "op":
         checks.append(F.when(~is_op_body(F.col("body")),
                              F.concat(F.lit("op body is not a list of offsets: "), F.col("body"))))  # fmt: skip
+    if "malformed" in schema.names:  # a trace context its reader could not decode
+        checks.append(F.when(F.col("malformed").isNotNull(),
+                             F.concat(F.lit("malformed trace context: "), F.col("malformed"))))  # fmt: skip
     return _compact(checks)
 
 

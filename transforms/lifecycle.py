@@ -131,7 +131,8 @@ def facts(half_df: DataFrame, resolutions_df: DataFrame, real_df: DataFrame) -> 
 
 def lifecycle(as_of: int, rules: Rules) -> Callable[[DataFrame], DataFrame]:
     """`facts` into one row per transaction with a half or a commit, with state and reason. Keeps the
-    working columns `commit_ts`, `prepared_offsets`, `copy_offsets`, `last_check_resolved` (null: no check
+    working columns `commit_ts`, `prepared_offsets`, `copy_offsets`, `check_copies` (time and queue offset of
+    each, in time order), `resolved_copies` (the queue offsets ops list), `last_check_resolved` (null: no check
     copy) and `unresolved_checks` for the anomaly rules."""
 
     def of(kind: str, col: str | Column) -> Column:  # a fact's column, null for other kinds
@@ -152,6 +153,9 @@ def lifecycle(as_of: int, rules: Rules) -> Callable[[DataFrame], DataFrame]:
             F.max(of(HALF_FACT, F.when(F.col("check_times") > 0, F.col("queue_offset")))).alias("_last_check"),
             F.collect_set(of(HALF_FACT, F.when(F.col("check_times") > 0, F.col("queue_offset")))).alias("_checks"),
             F.collect_set(of(RESOLVED_FACT, "queue_offset")).alias("_resolved"),
+            F.array_sort(
+                F.collect_list(of(HALF_FACT, F.when(F.col("check_times") > 0, F.struct("ts", "queue_offset"))))
+            ).alias("check_copies"),
             F.count(of(COMMIT_FACT, F.lit(1))).cast("int").alias("commit_count"),
             F.sort_array(F.collect_list(of(COMMIT_FACT, "ts"))).alias("commit_ts"),
             F.min(of(COMMIT_FACT, F.struct("ts", "topic", "queue_id", "queue_offset"))).alias("_first"),
@@ -190,7 +194,8 @@ def lifecycle(as_of: int, rules: Rules) -> Callable[[DataFrame], DataFrame]:
             state.alias("state"),
             F.when(state == DISCARDED, reason).alias("reason"),
             "half_topic",
-            "commit_ts", "prepared_offsets", "copy_offsets",
+            "commit_ts", "prepared_offsets", "copy_offsets", "check_copies",
+            F.col("_resolved").alias("resolved_copies"),
             F.when(F.col("_last_check").isNotNull(), F.array_contains("_resolved", F.col("_last_check")))
             .alias("last_check_resolved"),
             F.size(F.array_except("_checks", "_resolved")).alias("unresolved_checks"),

@@ -43,6 +43,13 @@ def touched_transactions(
     ]).distinct()  # fmt: skip
 
 
+def traced_transactions(new_trace: DataFrame, lifecycle_df: DataFrame) -> DataFrame:
+    """(broker_name, uniq_key) of the transactions a newly landed send or end-request trace names: a trace
+    message can be stored, or collected, long after the transaction it tells of."""
+    keys = new_trace.where(F.col("trace_type").isin("Pub", "EndTransaction")).select("uniq_key").distinct()
+    return lifecycle_df.join(F.broadcast(keys), on="uniq_key", how="left_semi").select(*ID)
+
+
 def touched_queues(new_offset: DataFrame) -> DataFrame:
     """The consumer queues with new offset commits: their chains are recomputed whole."""
     return new_offset.select(*OFFSET_KEY).distinct()

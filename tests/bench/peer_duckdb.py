@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from schemas.landing import HALF_TOPIC_OF_OP, LANDING, ROCKSDB_HALF_TOPIC
 
 TIME = {"half": "store_timestamp", "op": "store_timestamp", "real": "store_timestamp", "offset": "commit_timestamp",
-        "consumer": "snapshot_ts", "copy": "store_timestamp"}  # fmt: skip
+        "consumer": "snapshot_ts", "copy": "store_timestamp", "trace": "store_timestamp"}  # fmt: skip
 # The columns a finding is compared by: its key, its time, and an offset regression's redelivery estimate.
 FINDING = ("anomaly_type", "reason", "broker_name", "uniq_key", "consumer_group", "topic", "queue_id", "event_ts",
            "seq", "redelivery_estimate")  # fmt: skip

@@ -96,10 +96,13 @@ def reference_findings(
             commits[k].append(r)
     states: dict[tuple[str, str], tuple[str, str | None]] = {}
     found: set[tuple[Any, ...]] = set()
+    trace = Traced(records["trace"])
     for k in sorted(set(copies) | set(commits)):
         halves, cs = copies.get(k, []), commits.get(k, [])
         times = [resolved_at.get((h["broker_name"], h["queue_id"], h["queue_offset"])) for h in halves]
         resolved = min((t for t in times if t is not None), default=None)
+        if halves and trace.answer_lost(k[1], halves, resolved_at, [c["store_timestamp"] for c in cs], thr):
+            found.add(("CHECK_ANSWER_LOST", *k, None))
         checked = [h for h in halves if h.get("check_times")]
         if resolved is not None and checked and not (k in discards and discards[k] <= resolved):
             last = max(checked, key=lambda h: h["queue_offset"])
@@ -135,8 +138,11 @@ def reference_findings(
             reason = "EXPIRED"
         if reason is not None:
             states[k] = ("DISCARDED", reason)
-            kind = "DISCARDED_AFTER_MAX_CHECKS" if reason == "MAX_CHECKS" else "DISCARDED_EXPIRED"
-            found.add((kind, *k, reason))
+            if reason == "MAX_CHECKS":
+                until = discards.get(k, last + cfg.check_interval_ms)
+                found.add(("DISCARDED_AFTER_MAX_CHECKS", *k, reason, trace.cause(k[1], halves, until, cfg)))
+            else:
+                found.add(("DISCARDED_EXPIRED", *k, reason))
         else:
             states[k] = ("PENDING", None)
             if as_of - born >= thr.stuck_after_ms:
@@ -151,7 +157,73 @@ def reference_findings(
             found.add(("OFFSET_JUMP", *q, o["commit_timestamp"], o.get("seq")))
         last_offset[q] = (o["offset"], o.get("client_id"))
     found |= cluster_findings(records, as_of, thr)
+    found |= trace.consumption()
     return states, found | group_findings(records, thr) | dead_letters(records, as_of) | undelivered(records)
+
+
+class Traced:
+    """The trace rules (docs/concepts/trace.md) over the trace records; times on the broker's clock (a context's
+    client time plus its message's store time minus born time)."""
+
+    def __init__(self, trace: list[dict[str, Any]]) -> None:
+        self.answers: dict[str, list[tuple[int, str]]] = defaultdict(list)  # key -> (at, state) of check answers
+        self.sent: dict[str, list[tuple[int, str]]] = defaultdict(list)  # producer group -> (at, key)
+        before: dict[tuple[str, str], str] = {}
+        after: list[dict[str, Any]] = []
+        for t in trace:
+            at = t.get("timestamp", 0) + t["store_timestamp"] - t["born_timestamp"]
+            if t["trace_type"] in ("Pub", "EndTransaction"):
+                self.sent[t["group_name"]].append((at, t["uniq_key"]))
+            if t["trace_type"] == "EndTransaction" and t.get("from_check"):
+                self.answers[t["uniq_key"]].append((at, t["transaction_state"]))
+            if t["trace_type"] == "SubBefore":
+                before[(t["request_id"], t["uniq_key"])] = t["group_name"]
+            if t["trace_type"] == "SubAfter":
+                after.append(t)
+        self.results: dict[tuple[str, str], list[bool]] = defaultdict(list)
+        for t in after:
+            group = before.get((t["request_id"], t["uniq_key"]), t.get("group_name"))
+            if group is not None:
+                self.results[(group, t["uniq_key"])].append(t["success"])
+
+    def consumption(self) -> set[tuple[Any, ...]]:
+        out = set()
+        for (group, key), results in self.results.items():
+            if results.count(True) > 1:
+                out.add(("DUPLICATE_CONSUMPTION", group, key, results.count(True)))
+            if results.count(False):
+                out.add(("CONSUME_FAILED", group, key, results.count(False)))
+        return out
+
+    def answer_lost(self, key: str, halves: list[dict[str, Any]], resolved_at: dict[tuple[str, int, int], int],
+                    commits: list[int], thr: Thresholds) -> bool:  # fmt: skip
+        decided = sorted(at for at, s in self.answers.get(key, []) if s == "COMMIT_MESSAGE")
+        if not decided:
+            return False
+        at = decided[0]
+        checks = sorted((h["store_timestamp"], h["queue_offset"], h["queue_id"], h["broker_name"])
+                        for h in halves if h.get("check_times"))  # fmt: skip
+        answered = [c for c in checks if c[0] <= at]
+        if not answered:
+            return False
+        _, offset, queue, broker = answered[-1]
+        committed = any(at <= t <= at + thr.op_grace_ms for t in commits)
+        last = max(h["store_timestamp"] for h in halves)
+        return (broker, queue, offset) not in resolved_at and not committed and last > at
+
+    def cause(self, key: str, halves: list[dict[str, Any]], until: int, cfg: BrokerSettings) -> str | None:
+        group = halves[0]["producer_group"]
+        first, last = min(h["store_timestamp"] for h in halves), max(h["store_timestamp"] for h in halves)
+        seen = [(at, k) for at, k in self.sent.get(group, []) if k == key or first <= at <= until]
+        if not seen:
+            return None
+        states = [s for _, s in self.answers.get(key, [])]
+        if any(s != "UNKNOW" for s in states):
+            return "ANSWER_LOST"
+        if states:
+            return "ANSWERED_UNKNOWN"
+        alive = any(k != key and at >= last for at, k in seen)
+        return "CHECKS_WITHOUT_CALLBACK" if alive else "UNANSWERED"
 
 
 def cluster_findings(records: dict[str, list[dict[str, Any]]], as_of: int, thr: Thresholds) -> set[tuple[Any, ...]]:

@@ -74,7 +74,7 @@ def test_truth_agrees_with_the_rules_applied_to_the_records(run: Run) -> None:
     assert truth_states == states
     assert truth_keys(run) == found
     assert run.summary.as_of == max(
-        [r["store_timestamp"] for s in ("half", "op", "real", "copy") for r in run.records.get(s, [])]
+        [r["store_timestamp"] for s in ("half", "op", "real", "copy", "trace") for r in run.records.get(s, [])]
         + [o["commit_timestamp"] for o in run.records["offset"]]
     )
 

@@ -75,6 +75,7 @@ def test_pinned_seed_output(tmp_path: Path) -> None:
             "consumer": 390,
             "copy": 0,
             "topology": 28,
+            "trace": 0,  # the clean profile's clients do not trace
         },
         {},
     )

@@ -19,6 +19,7 @@ import java.util.concurrent.atomic.AtomicLong;
 import org.apache.rocketmq.acl.common.AclClientRPCHook;
 import org.apache.rocketmq.acl.common.SessionCredentials;
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
+import org.apache.rocketmq.client.consumer.rebalance.AllocateMessageQueueAveragely;
 import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
@@ -53,7 +54,8 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  *                                                                offsets every PERSIST_MS, until it is killed or
  *                                                                its stdin closes; every message it consumes is
  *                                                                a line in OUT. A line "pause" on stdin: it stops
- *                                                                pulling at the next message it consumes
+ *                                                                pulling at the next message it consumes; "flush":
+ *                                                                it hands its trace contexts to their sender
  * java Scenario send  NAMESRV OUT TOPIC COUNT [batched]         COUNT plain messages to TOPIC, keys TOPIC-n; batched:
  *                                                                one batch per queue, stored at once
  * java Scenario retry NAMESRV OUT COUNT FAIL                    CG_RETRY (maxReconsumeTimes 2) on TopicR: COUNT
@@ -88,6 +90,8 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  */
 public final class Scenario {
     static final String TOPIC = "TxnTopic";
+    /** -Dtrace=true: the producers and members are built with enableMsgTrace (RMQ_SYS_TRACE_TOPIC). */
+    static final boolean TRACE = Boolean.getBoolean("trace");
     static final String GROUP = "CG_RECON";
     static final Map<String, Txn> TXNS = new ConcurrentHashMap<>();
     static final AtomicLong LAST_CHECK = new AtomicLong();
@@ -226,7 +230,7 @@ public final class Scenario {
     }
 
     static TransactionMQProducer producer(String namesrv, String group, String member) throws Exception {
-        TransactionMQProducer p = new TransactionMQProducer(group, aclHook());
+        TransactionMQProducer p = new TransactionMQProducer(group, aclHook(), TRACE, null);
         p.setNamesrvAddr(namesrv);
         p.setInstanceName(member);
         p.setTransactionListener(new App(member));
@@ -430,7 +434,8 @@ public final class Scenario {
     /** A member that writes each message it consumes at once (it may be killed at any moment). */
     static void member(String namesrv, PrintWriter out, String group, String topic, String name, int persistMs)
             throws Exception {
-        DefaultMQPushConsumer c = new DefaultMQPushConsumer(group, aclHook());
+        DefaultMQPushConsumer c = new DefaultMQPushConsumer(group, aclHook(), new AllocateMessageQueueAveragely(),
+            TRACE, null);
         c.setNamesrvAddr(namesrv);
         c.setInstanceName(name);
         c.setPersistConsumerOffsetInterval(persistMs);
@@ -461,11 +466,16 @@ public final class Scenario {
         }
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
         for (String line = in.readLine(); line != null; line = in.readLine()) {
+            if (line.equals("flush") && c.getTraceDispatcher() != null) {
+                c.getTraceDispatcher().flush();  // hands every trace context it holds to its sender
+                continue;
+            }
             if (!line.equals("pause")) {
                 throw new IOException("unknown command " + line);
             }
             pauseAtNext.set(true);
         }
+        c.shutdown();  // persists its offsets and flushes its trace
     }
 
     static void tags(String namesrv, PrintWriter out, int count, String topic, String tagsGroup, String okGroup)

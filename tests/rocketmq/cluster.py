@@ -263,27 +263,29 @@ def wait_for(ready: Callable[[], bool], what: str, timeout_s: float = 60) -> Non
 
 
 def _driver(classes: Path, phase: str, namesrv: str, out: Path, args: tuple[str, ...], home: Path,
-            acl: tuple[str, str] | None) -> list[str]:  # fmt: skip
+            acl: tuple[str, str] | None, trace: bool = False) -> list[str]:  # fmt: skip
     home.mkdir(parents=True, exist_ok=True)
     keys = [f"-Dacl.accessKey={acl[0]}", f"-Dacl.secretKey={acl[1]}"] if acl else []
+    keys += ["-Dtrace=true"] if trace else []
     return ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", f"-Duser.home={home}", *keys,
             "-cp", f"{classes}:{classpath()}", "Scenario", phase, namesrv, str(out), *args]  # fmt: skip
 
 
 def run_driver(classes: Path, phase: str, namesrv: str, out: Path, *args: str, home: Path,
-               timeout_s: int = 180, acl: tuple[str, str] | None = None) -> None:  # fmt: skip
-    """One phase of Scenario.java; its truth lines are appended to `out`. With `acl`, its clients sign."""
-    cmd = _driver(classes, phase, namesrv, out, args, home, acl)
+               timeout_s: int = 180, acl: tuple[str, str] | None = None, trace: bool = False) -> None:  # fmt: skip
+    """One phase of Scenario.java; its truth lines are appended to `out`. With `acl`, its clients sign; with
+    `trace`, they trace (enableMsgTrace)."""
+    cmd = _driver(classes, phase, namesrv, out, args, home, acl, trace)
     with open(home / f"driver-{phase}.log", "wb") as log:
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=timeout_s)
 
 
 def start_driver(classes: Path, phase: str, namesrv: str, out: Path, *args: str, home: Path,
-                 name: str) -> subprocess.Popen[bytes]:  # fmt: skip
+                 name: str, trace: bool = False) -> subprocess.Popen[bytes]:  # fmt: skip
     """A phase that runs until stopped (a consumer group member), in the background; `out` is its own file.
 
     Its stdin is a pipe: a member takes commands there, and ends when it closes.
     """
-    cmd = _driver(classes, phase, namesrv, out, args, home, None)
+    cmd = _driver(classes, phase, namesrv, out, args, home, None, trace)
     with open(home / f"driver-{name}.log", "wb") as log:
         return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT)
