@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
 NAMES = TRACE.names[TRACE.names.index("trace_type") : TRACE.names.index("malformed")]
-BATCH, FLUSH_MS = 10, 5_000  # AsyncTraceDispatcher: batchNum (10 by default) and flushTraceInterval
+FLUSH_MS = 5_000  # AsyncTraceDispatcher: flushTraceInterval
 
 
 @dataclass

@@ -22,7 +22,6 @@ from transforms.frames import detail_json, union_all
 from transforms.lifecycle import MAX_CHECKS, Rules
 
 UNKNOW, COMMIT, ROLLBACK = "UNKNOW", "COMMIT_MESSAGE", "ROLLBACK_MESSAGE"
-CAUSES = ("ANSWERED_UNKNOWN", "UNANSWERED", "CHECKS_WITHOUT_CALLBACK", "ANSWER_LOST")
 # Findings from the consumption trace: recomputed whole by every run, after the deliveries (one merge of their own).
 CONSUMPTION_TYPES = ("DUPLICATE_CONSUMPTION", "CONSUME_FAILED", "TRACE_CONTRADICTION")
 ANSWER_COLUMNS = ("traced", "answers_unknown", "answers_commit", "answers_rollback", "decided_at", "decision",
