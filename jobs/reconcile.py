@@ -438,20 +438,18 @@ def incremental(
         wants = wants_json(wanted(snapshots, every_commit))
         life = lives.result()
         delivered = pool.submit(merge_deliveries, every_commit, whole, refused, wants)
-        found = transaction_anomalies(life, as_of, rules, trace).unionByName(whole)
-        merge_anomalies(spark, config, found.unionByName(cluster_anomalies(bronze.frames, as_of, rules)), as_of,
-                        scope=keys)  # fmt: skip
-        _progress("anomalies merged")
         _merge(spark, config, OFFSET_COMMITS, commits_q, list(OFFSET_COMMITS.names[:8]))
         _progress("offset_commits merged")
         _merge(spark, config, TXN_LIFECYCLE, life, ID, born_since(life))
         _progress("txn_lifecycle merged")
         delivered.result()
+    found = [transaction_anomalies(life, as_of, rules, trace), whole, cluster_anomalies(bronze.frames, as_of, rules)]
+    # The consumption trace's findings are compared with the deliveries just merged; one merge writes every
+    # finding, so that a reader sees the anomalies before this run or after it, never half-way.
     if trace.where(F.col("trace_type").isin("SubBefore", "SubAfter")).limit(1).count():
-        stored = spark.table(config.table(DELIVERIES.name))
-        merge_consumption(spark, config, consumption(trace, real, stored, spark.table(config.table(ANOMALIES.name)),
-                                                     as_of))  # fmt: skip
-        _progress("consumption trace's findings merged")
+        found.append(consumption(trace, real, spark.table(config.table(DELIVERIES.name)), whole, as_of))
+    merge_anomalies(spark, config, union_all(found), as_of, scope=keys)
+    _progress("anomalies merged")
     return Written("incremental", None, n_keys, n_queues, wants)
 
 
@@ -551,8 +549,8 @@ def merge_anomalies(
     spark: SparkSession, config: Config, found: DataFrame, as_of: int, scope: DataFrame | None = None
 ) -> None:
     """Upsert by anomaly_id and leave unchanged rows untouched; delete what no longer holds. With `scope`
-    (the recomputed transactions; WHOLE_TYPES are always recomputed), only rows in scope can go, and
-    the rows outside it take the new as_of, as a full run would give them."""
+    (the recomputed transactions; WHOLE_TYPES and the consumption findings are always recomputed), only rows
+    in scope can go, and the rows outside it take the new as_of, as a full run would give them."""
     table = config.table(ANOMALIES.name)
     columns: dict[str, str | Column] = {c: f"s.{c}" for c in ANOMALIES.names}
     changed = _changed(ANOMALIES.names[1:])
@@ -569,10 +567,10 @@ def merge_anomalies(
     found = found.persist()
     try:
         existing = spark.table(table)
-        by_transaction = ~F.col("anomaly_type").isin(*WHOLE_TYPES) & ~F.expr(_CONSUMPTION.format(t=""))
+        whole = F.col("anomaly_type").isin(*WHOLE_TYPES) | _consumption()
         in_scope = union_all([
-            existing.where(by_transaction).join(F.broadcast(scope), on=ID, how="left_semi"),
-            existing.where(F.col("anomaly_type").isin(*WHOLE_TYPES)),
+            existing.where(~whole).join(F.broadcast(scope), on=ID, how="left_semi"),
+            existing.where(whole),
         ])  # fmt: skip
         gone = in_scope.join(found.select("anomaly_id"), on="anomaly_id", how="left_anti")
         source = found.withColumn("_gone", F.lit(False)).unionByName(gone.withColumn("_gone", F.lit(True)))
@@ -588,23 +586,10 @@ def merge_anomalies(
         found.unpersist()
 
 
-# The consumption trace's findings (`transforms.trace.consumption_findings`, keyed by group): recomputed whole,
-# merged after the deliveries they are compared with.
-_TYPES = ", ".join(f"'{t}'" for t in CONSUMPTION_TYPES)
-_CONSUMPTION = "({t}anomaly_type IN (" + _TYPES + ") AND {t}consumer_group IS NOT NULL)"
-
-
-def merge_consumption(spark: SparkSession, config: Config, found: DataFrame) -> None:
-    """Upsert the consumption trace's findings by anomaly_id; delete those of them that no longer hold."""
-    columns: dict[str, str | Column] = {c: f"s.{c}" for c in ANOMALIES.names}
-    (
-        DeltaTable.forName(spark, config.table(ANOMALIES.name)).alias("t")
-        .merge(found.alias("s"), "t.anomaly_id = s.anomaly_id")
-        .whenMatchedUpdate(condition=_changed(ANOMALIES.names[1:]), set=columns)
-        .whenNotMatchedInsert(values=columns)
-        .whenNotMatchedBySourceDelete(condition=_CONSUMPTION.format(t="t."))
-        .execute()
-    )  # fmt: skip
+def _consumption() -> Column:
+    """The consumption trace's findings (`transforms.trace.consumption_findings`, keyed by group): like
+    WHOLE_TYPES, recomputed whole every run."""
+    return F.col("anomaly_type").isin(*CONSUMPTION_TYPES) & F.col("consumer_group").isNotNull()
 
 
 def record_run(
