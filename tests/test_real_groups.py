@@ -4,7 +4,8 @@ Four stories, one broker (check service idle, every delay level 1 s):
 - The classic mistake: group CG_CONFLICT has a member on TopicA and a member on TopicB (Scenario.java
   `conflict`). The collector snapshots the group every 2 s while both run.
 - A member killed after consuming: CG_HANDOFF has a survivor that persists its offsets every second and
-  a victim that persists only 10 s after it starts (then every 10 minutes). The victim consumes part
+  a victim, started once the survivor's offsets are on the broker, that persists only 10 s after it starts
+  (then every 10 minutes). The victim consumes part
   of a batch on each of its queues and stops pulling, so nothing commits them; the collector snapshots
   the group, and the victim gets SIGKILL. The survivor takes its queues over from the committed offset
   and consumes those messages again; a last snapshot shows the new holder.
@@ -170,12 +171,24 @@ def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, hom
     # The hand-off: the topic exists (one message per queue) before the members start.
     out = {name: root / f"{name}.jsonl" for name in ("victim", "survivor")}
     run_driver(classes, "send", rmq.namesrv, root / "sent.jsonl", "TopicH", "4", home=home, timeout_s=60)
-    for name, persist_ms in (("survivor", "1000"), ("victim", "600000")):
-        procs.append(start_driver(classes, "member", rmq.namesrv, out[name], "CG_HANDOFF", "TopicH", name,
-                                  persist_ms, home=home, name=name, trace=True))  # fmt: skip
-    survivor, victim = procs[-2:]
-    wait_for(lambda: sum(1 for n in out for r in _lines(out[n]) if r["kind"] == "consumed") >= 4,
-             "both members to consume the first messages")  # fmt: skip
+
+    # The survivor first: it consumes the four and persists their offsets before the victim joins. Had both
+    # started together, a queue the first to start consumed and the second then took could be read again
+    # from the offset the broker held (a duplicate at the join, not at the hand-off).
+    def member(name: str, persist_ms: str) -> subprocess.Popen[bytes]:
+        return start_driver(classes, "member", rmq.namesrv, out[name], "CG_HANDOFF", "TopicH", name, persist_ms,
+                            home=home, name=name, trace=True)  # fmt: skip
+
+    def seeds_committed() -> bool:
+        collect()
+        offsets = {(r["queue_id"], r["offset"]) for r in _landed(landing / "offset")
+                   if (r["consumer_group"], r["topic"]) == ("CG_HANDOFF", "TopicH")}  # fmt: skip
+        return {q for q, offset in offsets if offset >= 1} == {0, 1, 2, 3}
+
+    procs.append(survivor := member("survivor", "1000"))
+    wait_for(seeds_committed, "the survivor's offsets past the first messages, on the broker")
+    procs.append(victim := member("victim", "600000"))
+    wait_for(lambda: any(r["kind"] == "member" for r in _lines(out["victim"])), "the victim to start")
     time.sleep(11)  # the victim's one persist, 10 s after its start
     # Ten messages per queue in one batch each. The victim stops pulling at the first of them it consumes;
     # what it pulled by then (a waiting pull is answered once the first of a batch is stored: some of the
