@@ -420,8 +420,20 @@ def incremental(
             _count_changes(spark, config, last["deliveries_version"], earliest)
         _progress("deliveries merged: %d messages recomputed, %d rows changed", messages.count(), changed.count())
 
+    # The consumption trace's findings are compared with the deliveries this run merges, so that with such a
+    # trace the anomalies wait for the deliveries; one merge writes every finding, so that a reader sees the
+    # anomalies as they were before a run or after it, never in between.
+    consuming = trace.where(F.col("trace_type").isin("SubBefore", "SubAfter")).limit(1).count() > 0
+
+    def merge_found(found: list[DataFrame]) -> None:
+        if consuming:
+            stored = spark.table(config.table(DELIVERIES.name))
+            found = [*found, consumption(trace, real, stored, whole, as_of)]
+        merge_anomalies(spark, config, union_all(found), as_of, scope=keys)
+        _progress("anomalies merged")
+
     # Independent parts run side by side, in a thread of their own, so that their jobs share the cores (most of a
-    # small job is the driver's): the lifecycle beside the group rules, the deliveries beside the three merges.
+    # small job is the driver's): the lifecycle beside the group rules, the deliveries beside the merges.
     with ThreadPoolExecutor(1, "reconcile") as pool:
         lives = pool.submit(lambda: facts_of(keys, half, op, real).transform(lifecycle(as_of, rules)).localCheckpoint())
         commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).localCheckpoint()
@@ -438,18 +450,17 @@ def incremental(
         wants = wants_json(wanted(snapshots, every_commit))
         life = lives.result()
         delivered = pool.submit(merge_deliveries, every_commit, whole, refused, wants)
+        found = [transaction_anomalies(life, as_of, rules, trace), whole,
+                 cluster_anomalies(bronze.frames, as_of, rules)]  # fmt: skip
+        if not consuming:
+            merge_found(found)
         _merge(spark, config, OFFSET_COMMITS, commits_q, list(OFFSET_COMMITS.names[:8]))
         _progress("offset_commits merged")
         _merge(spark, config, TXN_LIFECYCLE, life, ID, born_since(life))
         _progress("txn_lifecycle merged")
         delivered.result()
-    found = [transaction_anomalies(life, as_of, rules, trace), whole, cluster_anomalies(bronze.frames, as_of, rules)]
-    # The consumption trace's findings are compared with the deliveries just merged; one merge writes every
-    # finding, so that a reader sees the anomalies before this run or after it, never half-way.
-    if trace.where(F.col("trace_type").isin("SubBefore", "SubAfter")).limit(1).count():
-        found.append(consumption(trace, real, spark.table(config.table(DELIVERIES.name)), whole, as_of))
-    merge_anomalies(spark, config, union_all(found), as_of, scope=keys)
-    _progress("anomalies merged")
+    if consuming:
+        merge_found(found)
     return Written("incremental", None, n_keys, n_queues, wants)
 
 
