@@ -425,13 +425,6 @@ def incremental(
     # anomalies as they were before a run or after it, never in between.
     consuming = trace.where(F.col("trace_type").isin("SubBefore", "SubAfter")).limit(1).count() > 0
 
-    def merge_found(found: list[DataFrame]) -> None:
-        if consuming:
-            stored = spark.table(config.table(DELIVERIES.name))
-            found = [*found, consumption(trace, real, stored, whole, as_of)]
-        merge_anomalies(spark, config, union_all(found), as_of, scope=keys)
-        _progress("anomalies merged")
-
     # Independent parts run side by side, in a thread of their own, so that their jobs share the cores (most of a
     # small job is the driver's): the lifecycle beside the group rules, the deliveries beside the merges.
     with ThreadPoolExecutor(1, "reconcile") as pool:
@@ -448,6 +441,14 @@ def incremental(
             .localCheckpoint()
         )  # fmt: skip
         wants = wants_json(wanted(snapshots, every_commit))
+
+        def merge_found(found: list[DataFrame]) -> None:
+            if consuming:
+                stored = spark.table(config.table(DELIVERIES.name))
+                found = [*found, consumption(trace, real, stored, whole, as_of)]
+            merge_anomalies(spark, config, union_all(found), as_of, scope=keys)
+            _progress("anomalies merged")
+
         life = lives.result()
         delivered = pool.submit(merge_deliveries, every_commit, whole, refused, wants)
         found = [transaction_anomalies(life, as_of, rules, trace), whole,
