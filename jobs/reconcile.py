@@ -579,10 +579,10 @@ def merge_anomalies(
     found = found.persist()
     try:
         existing = spark.table(table)
-        whole = F.col("anomaly_type").isin(*WHOLE_TYPES) | _consumption()
+        recomputed_whole = F.col("anomaly_type").isin(*WHOLE_TYPES) | _consumption()
         in_scope = union_all([
-            existing.where(~whole).join(F.broadcast(scope), on=ID, how="left_semi"),
-            existing.where(whole),
+            existing.where(~recomputed_whole).join(F.broadcast(scope), on=ID, how="left_semi"),
+            existing.where(recomputed_whole),
         ])  # fmt: skip
         gone = in_scope.join(found.select("anomaly_id"), on="anomaly_id", how="left_anti")
         source = found.withColumn("_gone", F.lit(False)).unionByName(gone.withColumn("_gone", F.lit(True)))

@@ -22,7 +22,7 @@ from transforms.frames import detail_json, union_all
 from transforms.lifecycle import MAX_CHECKS, Rules
 
 UNKNOW, COMMIT, ROLLBACK = "UNKNOW", "COMMIT_MESSAGE", "ROLLBACK_MESSAGE"
-# Findings from the consumption trace: recomputed whole by every run, after the deliveries (one merge of their own).
+# Findings from the consumption trace: recomputed whole by every run, after the deliveries they are compared with.
 CONSUMPTION_TYPES = ("DUPLICATE_CONSUMPTION", "CONSUME_FAILED", "TRACE_CONTRADICTION")
 ANSWER_COLUMNS = ("traced", "answers_unknown", "answers_commit", "answers_rollback", "decided_at", "decision",
                   "group_alive")  # fmt: skip
