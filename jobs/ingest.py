@@ -289,10 +289,22 @@ def read_files(spark: SparkSession, stream: str, files: list[LandingFile]) -> Da
 def write_records(
     spark: SparkSession, config: Config, stream: str, files: list[LandingFile], run_id: str, ingested_at: dt.datetime
 ) -> Tally:
+    # Parsed, checked and hashed once (most of ingest's time), then read from the cache by the key lookup,
+    # the key facts and the write.
+    batch = read_files(spark, stream, files).persist()
+    try:
+        return _write_batch(spark, config, stream, batch, sum(f.size for f in files), run_id, ingested_at)
+    finally:
+        batch.unpersist()
+
+
+def _write_batch(
+    spark: SparkSession, config: Config, stream: str, batch: DataFrame, size: int, run_id: str,
+    ingested_at: dt.datetime,
+) -> Tally:  # fmt: skip
     bronze = BRONZE[stream]
-    batch = read_files(spark, stream, files)
     stored = spark.table(config.table(bronze.name)).select(*bronze.key, "_record_hash")
-    if sum(f.size for f in files) <= SMALL_BATCH_BYTES:
+    if size <= SMALL_BATCH_BYTES:
         # A small batch against a large table: bronze cut down to the batch's keys, first to their ranges (so
         # Delta reads its recent files only, as a rule), then by broadcasting them, instead of shuffling every
         # stored key to join with a few new ones.
