@@ -289,13 +289,18 @@ def read_files(spark: SparkSession, stream: str, files: list[LandingFile]) -> Da
 def write_records(
     spark: SparkSession, config: Config, stream: str, files: list[LandingFile], run_id: str, ingested_at: dt.datetime
 ) -> Tally:
-    # Parsed, checked and hashed once (most of ingest's time), then read from the cache by the key lookup,
-    # the key facts and the write.
-    batch = read_files(spark, stream, files).persist()
+    batch = read_files(spark, stream, files)
+    # The key lookup, the key facts and the write each read the batch. JSON is parsed, checked and hashed once,
+    # into the cache (100,000 transactions of JSON Lines: 65 s instead of 94). Parquet decodes faster than the
+    # cache is built, so it is read again (1M transactions of Parquet: 79 s read three times, 82 s cached).
+    cached = any(f.kind == "json" for f in files)
+    if cached:
+        batch = batch.persist()
     try:
         return _write_batch(spark, config, stream, batch, sum(f.size for f in files), run_id, ingested_at)
     finally:
-        batch.unpersist()
+        if cached:
+            batch.unpersist()
 
 
 def _write_batch(

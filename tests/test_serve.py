@@ -218,9 +218,9 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
 
 
 def test_a_long_running_session_keeps_the_latest_queries_only() -> None:
-    """Spark's status store keeps a thousand SQL executions by default; serve's session keeps 50, its JVM
-    compiles without the optimizing JIT (as every job's: conf/base.yaml), and it keeps the classes Spark generates
-    for a cycle's queries, unless the config says otherwise."""
+    """Spark's status store keeps a thousand SQL executions by default; serve's session keeps 50, and its JVM
+    compiles without the optimizing JIT and keeps the classes Spark generates for a cycle's queries, unless the
+    config says otherwise."""
     ours = long_running(load_config()).spark.conf
     assert (ours["spark.sql.ui.retainedExecutions"], ours["spark.ui.retainedJobs"]) == ("50", "100")
     assert "-XX:TieredStopAtLevel=1" in ours["spark.driver.defaultJavaOptions"]  # no optimizing JIT
