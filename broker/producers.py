@@ -162,8 +162,12 @@ class Producers:
         if producer.alive:
             # The answer is traced before it is sent; UNKNOW is sent too, and the broker ignores it.
             first = self.sim.tracer.end(producer, txn, txn.outcome if known else "UNKNOW", from_check=True)
-            if known and not self._send_end(txn, copy, txn.outcome, from_check=True) and first:
-                txn.answer_lost_at = self.sim.tracer.at()
+            if known:
+                sent = self._send_end(txn, copy, txn.outcome, from_check=True)
+                if first and sent:  # lost yet if its broker is down when it arrives (Store.end_transaction)
+                    txn.answer_sent_at = self.sim.tracer.at()
+                elif first:
+                    txn.answer_lost_at = self.sim.tracer.at()
         self.sim.settle(txn)
 
     def _restart(self, producer: Producer) -> None:

@@ -13,6 +13,7 @@ class Txn:
 
     __slots__ = (
         "answer_lost_at",
+        "answer_sent_at",
         "body_size",
         "born_ts",
         "broker",
@@ -51,6 +52,7 @@ class Txn:
         self.keys = f"order-{uniq_key[-8:]}" if body_size % 3 else None
         self.immunity_s: int | None = None
         self.answer_lost_at: int | None = None  # its first traced COMMIT check answer, lost (broker time)
+        self.answer_sent_at: int | None = None  # the same answer, sent and on its way to the broker
         self.outcome = outcome  # the business decision: "COMMIT" or "ROLLBACK"
         self.decided_at: int | None = None  # when a check can learn the outcome; None: never
         self.unaware_checker = False  # the application answers its checks UNKNOW whatever it decided

@@ -96,8 +96,15 @@ class Store:
         txn, entry, action, from_check = arg
         txn.inflight -= 1
         b = txn.broker
+        # Check answers travel in the order they are sent: the first end from a check to arrive after the judged
+        # answer was sent is that answer.
+        judged = None
+        if from_check:
+            judged, txn.answer_sent_at = txn.answer_sent_at, None
         if not b.up:
             sim.fault(txn, "end_to_down_broker")
+            if judged is not None:
+                txn.answer_lost_at = judged
         elif (
             txn.immunity_s is not None
             and not from_check
