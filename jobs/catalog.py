@@ -38,19 +38,20 @@ def create_table(
     return table
 
 
-def add_new_fields(spark: SparkSession, table: str, schema: Schema) -> None:
+def add_new_fields(spark: SparkSession, table: str, schema: Schema) -> list[str]:
     """Bring a table an older version wrote up to `schema`: the fields added since (nullable ones only),
-    each stored as its default in the rows that predate it. For bronze, the record of what was landed:
-    it is migrated in place, never rebuilt."""
+    each stored as its default in the rows that predate it; their names are returned. For bronze, the
+    record of what was landed: it is migrated in place, never rebuilt."""
     have = set(spark.table(table).columns)
     new = [f for f in to_struct(schema).fields if f.name not in have]
     if not new:
-        return
+        return []
     log.warning("%s: adding the column(s) %s of this version", table, ", ".join(f.name for f in new))
     spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({', '.join(f'{f.name} {f.dataType.simpleString()}' for f in new)})")
     filled: dict[str, str | Column] = {f.name: F.lit(schema.defaults[f.name]) for f in new if f.name in schema.defaults}
     if filled:
         DeltaTable.forName(spark, table).update(set=filled)
+    return [f.name for f in new]
 
 
 def table_version(spark: SparkSession, table: str) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
@@ -33,7 +34,16 @@ from jobs.lock import warehouse_lock
 from jobs.runs import new_run_id
 from jobs.session import build_session
 from schemas import LANDING
-from schemas.bronze import BRONZE, CLUSTER_BY, COLLECT_RUNS, INGEST_FILES, INGEST_RUNS, QUARANTINE, STATS_COLUMNS
+from schemas.bronze import (
+    BRONZE,
+    CLUSTER_BY,
+    COLLECT_RUNS,
+    EVENT_TIME,
+    INGEST_FILES,
+    INGEST_RUNS,
+    QUARANTINE,
+    STATS_COLUMNS,
+)
 from schemas.spark import to_struct
 from transforms.frames import ranges, union_all, within
 from transforms.landing import (
@@ -79,11 +89,13 @@ class Tally:
     inserted: int = 0
     duplicates: int = 0
     quarantined: int = 0
+    events_until: int | None = None  # the latest EVENT_TIME of the records read, inserted or already stored
     started: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
     def add(self, other: Tally) -> None:
         for name in ("files", "files_failed", "read", "inserted", "duplicates", "quarantined"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.events_until = max((t for t in (self.events_until, other.events_until) if t is not None), default=None)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -138,6 +150,18 @@ def ensure_tables(spark: SparkSession, config: Config) -> None:
     for schema in (QUARANTINE, INGEST_RUNS, INGEST_FILES):
         if schema.name not in existing:
             create_table(spark, config, schema)
+        elif "events_until" in add_new_fields(spark, config.table(schema.name), schema):
+            _events_until_of_earlier_files(spark, config)
+
+
+def _events_until_of_earlier_files(spark: SparkSession, config: Config) -> None:
+    """`ingest_files.events_until` for the files an older version ingested: its stream's latest event time,
+    which bounds every record they brought (Delta answers each from its file statistics)."""
+    table = DeltaTable.forName(spark, config.table(INGEST_FILES.name))
+    for stream, column in EVENT_TIME.items():
+        latest = spark.table(config.table(BRONZE[stream].name)).agg(F.max(column)).collect()[0][0]
+        if latest is not None:
+            table.update(F.expr(f"stream = '{stream}' AND status = 'ingested'"), {"events_until": F.lit(latest)})
 
 
 def list_files(folder: Path) -> list[LandingFile]:
@@ -242,7 +266,7 @@ def ingest_batch(
     tally.files_failed = len(failed)
     tally.read += len(failed)
     tally.quarantined += len(failed)
-    record_files(spark, config, stream, files, set(failed), run_id)
+    record_files(spark, config, stream, files, set(failed), run_id, tally.events_until)
     return tally
 
 
@@ -323,7 +347,9 @@ def _write_batch(
     # One pass writes the inserts and counts every fate on the way; quarantine rows are rare and are
     # computed again only when there are some.
     fates = Observation()
-    counted = classified.observe(fates, *(F.count_if(F.col("_fate") == k).alias(k) for k in FATES))
+    stored = F.when(F.col("_fate") != QUARANTINED, F.col(EVENT_TIME[stream]))
+    latest = F.coalesce(F.max(stored), F.lit(0)).alias("events_until")  # 0: no record, so no event
+    counted = classified.observe(fates, *(F.count_if(F.col("_fate") == k).alias(k) for k in FATES), latest)
     counted.where(F.col("_fate") == INSERT).select(
         *LANDING[stream].names, "_record_hash", "_source_file",
         F.lit(ingested_at).alias("_ingested_at"), F.lit(run_id).alias("_run_id"),
@@ -338,7 +364,7 @@ def _write_batch(
         write_quarantine(spark, config, bad, run_id, ingested_at)
     inserted, duplicates, quarantined = (counts[k] for k in FATES)
     return Tally(read=inserted + duplicates + quarantined, inserted=inserted, duplicates=duplicates,
-                 quarantined=quarantined)  # fmt: skip
+                 quarantined=quarantined, events_until=counts["events_until"])  # fmt: skip
 
 
 def write_quarantine(
@@ -357,10 +383,11 @@ def write_quarantine(
 
 
 def record_files(
-    spark: SparkSession, config: Config, stream: str, files: list[LandingFile], failed: set[LandingFile], run_id: str
-) -> None:
-    rows = [(stream, str(f.path), f.size, f.modified_ms, "failed" if f in failed else "ingested", run_id)
-            for f in files]  # fmt: skip
+    spark: SparkSession, config: Config, stream: str, files: list[LandingFile], failed: set[LandingFile], run_id: str,
+    events_until: int | None,
+) -> None:  # fmt: skip
+    rows = [(stream, str(f.path), f.size, f.modified_ms, "failed" if f in failed else "ingested", run_id,
+             None if f in failed else events_until) for f in files]  # fmt: skip
     spark.createDataFrame(rows, to_struct(INGEST_FILES)).write.format("delta").mode("append").saveAsTable(
         config.table(INGEST_FILES.name)
     )

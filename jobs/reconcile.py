@@ -39,7 +39,7 @@ from jobs.errors import TxnReconError, first_line
 from jobs.ingest import new_run_id
 from jobs.lock import warehouse_lock
 from jobs.session import build_session
-from schemas.bronze import BRONZE
+from schemas.bronze import BRONZE, EVENT_TIME, INGEST_FILES
 from schemas.model import Schema
 from schemas.reconciled import (
     ANOMALIES,
@@ -150,7 +150,7 @@ def reconcile(spark: SparkSession, config: Config, as_of: int | None = None, ful
     _clock["started"] = started = time.perf_counter()
     bronze = read_bronze(spark, config)
     if as_of is None:
-        as_of = latest_event(bronze.frames)
+        as_of = latest_event(spark, config, bronze.frames)
         if as_of is None:
             raise TxnReconError("bronze holds no events yet; nothing to reconcile")
     rules = rules_from(config)
@@ -187,12 +187,19 @@ def read_bronze(spark: SparkSession, config: Config) -> Bronze:
     return Bronze({s: tables[s] for s in TIME}, {s: versions[s] for s in TIME}, frames)
 
 
-def latest_event(bronze: dict[str, DataFrame]) -> int | None:
-    """The default as_of: the largest store, commit or snapshot time in bronze (consumer copies included).
-    One aggregate per table: Delta answers each from its file statistics without reading a row, where a
-    union of them would scan every table."""
-    times = {**TIME, "consumer": SNAPSHOT_TIME, "copy": "store_timestamp", "topology": SNAPSHOT_TIME}
-    found = [v for s, column in times.items() if (v := bronze[s].agg(F.max(column)).collect()[0][0]) is not None]
+def latest_event(spark: SparkSession, config: Config, bronze: dict[str, DataFrame]) -> int | None:
+    """The default as_of: the latest event in bronze (EVENT_TIME), as ingest recorded it per file
+    (`ingest_files.events_until`): one small aggregate. Bronze's own statistics answer it too, but at some
+    four Spark jobs per table; they do so only where a file lacks the figure (ingested by an older version,
+    until ingest migrates it) or none was recorded. Ingest and reconcile hold the warehouse in turn, so every
+    file recorded is in the bronze versions read."""
+    table = config.table(INGEST_FILES.name)
+    if spark.catalog.tableExists(table) and "events_until" in (files := spark.table(table)).columns:
+        files = files.where(F.col("status") == "ingested")
+        [(latest, lacking)] = files.agg(F.max("events_until"), F.count_if(F.col("events_until").isNull())).collect()
+        if lacking == 0 and latest is not None:
+            return int(latest)
+    found = [v for s, c in EVENT_TIME.items() if (v := bronze[s].agg(F.max(c)).collect()[0][0]) is not None]
     return int(max(found)) if found else None
 
 
@@ -414,11 +421,11 @@ def incremental(
         # Compared with the stored rows within the recomputed keys' ranges: Delta skips the other files.
         candidates = within(stored, ranges(recomputed, DELIVERIES.key))
         changed = differing(recomputed.select(*DELIVERIES.names), candidates, DELIVERIES.key).localCheckpoint()
-        earliest = changed.agg(F.min("store_timestamp")).first()[0]  # type: ignore[index]
+        earliest, rows = changed.agg(F.min("store_timestamp"), F.count(F.lit(1))).first()  # type: ignore[misc]
         if earliest is not None:
             _merge(spark, config, DELIVERIES, changed, list(DELIVERIES.key), f"t.store_timestamp >= {earliest}")
             _count_changes(spark, config, last["deliveries_version"], earliest)
-        _progress("deliveries merged: %d messages recomputed, %d rows changed", messages.count(), changed.count())
+        _progress("deliveries merged: %d rows changed", rows)
 
     # The consumption trace's findings are compared with the deliveries this run merges, so that with such a
     # trace the anomalies wait for the deliveries; one merge writes every finding, so that a reader sees the

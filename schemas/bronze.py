@@ -39,6 +39,19 @@ CLUSTER_BY = {
     "trace": ("uniq_key", "store_timestamp"),  # `txn-recon trace KEY` looks a message up by its key
 }
 
+# When each record happened, in its stream's own terms: stored, committed or snapshotted. A run's data time
+# (`as_of`) defaults to the latest of them.
+EVENT_TIME = {
+    "half": "store_timestamp",
+    "op": "store_timestamp",
+    "real": "store_timestamp",
+    "offset": "commit_timestamp",
+    "consumer": "snapshot_ts",
+    "copy": "store_timestamp",
+    "topology": "snapshot_ts",
+    "trace": "store_timestamp",
+}
+
 # The columns Delta keeps file statistics for: key, clustering and time; nothing filters bronze by others.
 STATS_COLUMNS = {
     stream: tuple(dict.fromkeys(c for c in KEYS[stream] + CLUSTER_BY[stream] if not c.startswith("_")))
@@ -84,6 +97,14 @@ INGEST_FILES = Schema(
         Field("modified_ms", "long"),
         Field("status", "string", doc="ingested, or failed (unreadable: quarantined, tried again if it changes)"),
         Field("run_id", "string"),
+        Field(
+            "events_until",
+            "long",
+            nullable=True,
+            doc="no record the file brought happened later (EVENT_TIME): the latest of its batch, inserted or "
+            "already stored (0 when it held none); for a file ingested before this column, its stream's latest "
+            "then; null for a failed file",
+        ),
     ),
     key=("stream", "path", "size", "modified_ms"),
 )

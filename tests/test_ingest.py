@@ -23,8 +23,9 @@ from jobs.catalog import create_table
 from jobs.cli import main
 from jobs.config import Config
 from jobs.ingest import Tally, ingest_landing
+from jobs.reconcile import latest_event
 from schemas import LANDING
-from schemas.bronze import BOOKKEEPING
+from schemas.bronze import BOOKKEEPING, EVENT_TIME, INGEST_FILES
 from schemas.landing import HALF, HALF_TOPIC, ROCKSDB_HALF_TOPIC
 from schemas.model import Schema
 from schemas.spark import to_struct
@@ -90,6 +91,10 @@ def test_end_to_end_incremental_and_idempotent(spark: SparkSession, config: Conf
         assert rows(spark, cfg, stream) == landed(landing / stream)
     bronze = spark.table(cfg.table("half_events"))
     assert bronze.where("_run_id != 'run-1' OR _source_file NOT LIKE '%/half/part-%.jsonl'").count() == 0
+    # Each file records the latest event of its batch, so the default as_of is read from one small table.
+    latest = {s: max(r[EVENT_TIME[s]] for r in landed(landing / s)) for s in LANDING}
+    recorded = spark.table(cfg.table("ingest_files")).groupBy("stream").agg(F.max("events_until")).collect()
+    assert dict(map(tuple, recorded)) == latest
 
     # Again: nothing new, no bronze commit.
     versions = {s: version(spark, cfg, f"{s}_events") for s in LANDING}
@@ -108,7 +113,7 @@ def test_end_to_end_incremental_and_idempotent(spark: SparkSession, config: Conf
 
     # The same file under a second name, and a record conflicting with a stored one.
     shutil.copy(landing / "op" / "part-00000.jsonl", landing / "op" / "resent.jsonl")
-    changed = dict(landed(landing / "real")[0], body_size=123_456)
+    changed = dict(landed(landing / "real")[0], body_size=123_456, store_timestamp=max(latest.values()) + 1)
     (landing / "real" / "changed.jsonl").write_text(json.dumps(changed) + "\n")
     fourth = ingest(spark, cfg, landing, "run-4")
     op_lines = len((landing / "op" / "part-00000.jsonl").read_text().splitlines())
@@ -117,6 +122,11 @@ def test_end_to_end_incremental_and_idempotent(spark: SparkSession, config: Conf
     [q] = spark.table(cfg.table("quarantine")).where("run_id = 'run-4'").collect()
     assert q["stream"] == "real" and q["reason"] == "conflicts with the stored record of the same natural key"
     assert json.loads(q["raw"]) == changed and q["source_file"].endswith("/real/changed.jsonl")
+    # A quarantined record is not an event: the data time stays the latest stored one.
+    [until] = spark.table(cfg.table("ingest_files")).where("path LIKE '%/changed.jsonl'").collect()
+    assert until["events_until"] == 0
+    frames = {s: spark.table(cfg.table(f"{s}_events")) for s in LANDING}
+    assert latest_event(spark, cfg, frames) == max(latest.values())
 
     history = spark.table(cfg.table("ingest_runs")).where("stream = 'op'").orderBy("started_at", "run_id").collect()
     assert [(r["run_id"], r["inserted"], r["duplicates"]) for r in history] == [
@@ -350,9 +360,15 @@ def test_a_field_added_later_keeps_old_records_repeatable(spark: SparkSession, c
         "*", F.sha2(F.to_json(F.struct(*old.names)), 256).alias("_record_hash"),
         F.lit("old.jsonl").alias("_source_file"), F.lit(NOW).alias("_ingested_at"), F.lit("run-old").alias("_run_id"),
     ).writeTo(cfg.table("half_events")).append()  # fmt: skip
+    # Its record of files predates `events_until`.
+    files = Schema("ingest_files", tuple(f for f in INGEST_FILES.fields if f.name != "events_until"))
+    create_table(spark, cfg, files)
+    spark.createDataFrame([("half", "old.jsonl", 1, 1, "ingested", "run-old")], to_struct(files)).writeTo(
+        cfg.table("ingest_files")
+    ).append()
     landing = tmp_path / "landing"
     (landing / "half").mkdir(parents=True)
-    rip_82 = dict(GOOD_HALF, uniq_key="K9", topic=ROCKSDB_HALF_TOPIC)
+    rip_82 = dict(GOOD_HALF, uniq_key="K9", topic=ROCKSDB_HALF_TOPIC, store_timestamp=GOOD_HALF["store_timestamp"] + 5)
     (landing / "half" / "again.jsonl").write_text(json.dumps(GOOD_HALF) + "\n" + json.dumps(rip_82) + "\n")
 
     tallies = ingest(spark, cfg, landing, "run-new")
@@ -360,6 +376,10 @@ def test_a_field_added_later_keeps_old_records_repeatable(spark: SparkSession, c
     assert (tallies["half"].inserted, tallies["half"].duplicates, tallies["half"].quarantined) == (1, 1, 0)
     topics = {r["uniq_key"]: r["topic"] for r in spark.table(cfg.table("half_events")).collect()}
     assert topics == {"K1": HALF_TOPIC, "K9": ROCKSDB_HALF_TOPIC}
+    # The old file is given its stream's latest event then; the new one its batch's.
+    recorded = spark.table(cfg.table("ingest_files")).select("path", "events_until").collect()
+    assert {Path(r["path"]).name: r["events_until"] for r in recorded} == {
+        "old.jsonl": GOOD_HALF["store_timestamp"], "again.jsonl": rip_82["store_timestamp"]}  # fmt: skip
 
 
 def test_an_engine_failure_quarantines_nothing_and_the_next_run_lands_everything(

@@ -12,9 +12,9 @@ nothing to collect here), and the peak resident memory of serve's process tree; 
 artifacts/bench-logs. Then, on the same warehouse, the floor of that cycle (`tests.bench.floor cycle`):
 what Delta alone takes, warm, to write and read the rows the cycle wrote, with no rule, expectation or
 dashboard, and the same with the outputs appended instead of merged; its steps are kept beside serve's
-log. The last line puts the sizes side by side, "cycle ratio 1M/10k X; cycle/floor Y; jobs Z": the
+log. The last line puts the sizes side by side, "cycle ratio 1M/10k X; cycle/floor Y; jobs Z (floor F)": the
 cycle on the largest warehouse over the same on the smallest, and the largest cycle/floor and job count
-of any size. A benchmark, not a test: nothing asserts on time.
+of any size (and the most its floor ran). A benchmark, not a test: nothing asserts on time.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from tests.bench.bench_pipeline import FLOOR, ROOT, TIME, split_landing
 from tests.bench.bench_reconcile import TXN_RECON, _hwm_kib, _tree, timed, timed_job
@@ -38,6 +39,7 @@ LOGS = ROOT / "artifacts" / "bench-logs"
 CYCLE = re.compile(r"txn-recon serve: cycle (\d+) (\w+): inserted (\d+)(.*)")
 JOBS = re.compile(r", Spark jobs (\d+) \(([^)]*)\)")
 APPENDED = re.compile(r"floor done, outputs appended \(([\d.]+) s\)")
+FLOOR_JOBS = re.compile(r"floor Spark jobs (\d+)\n.*floor Spark jobs, outputs appended (\d+)", re.S)
 
 
 def landing_for(n: int) -> tuple[Path, Path]:
@@ -84,20 +86,28 @@ def _steps(m: re.Match[str]) -> str:
     return f"{_seconds(m):.1f} s in all ({', '.join(f'{k} {v} s' for k, v in steps)}); Spark jobs {jobs[1]} ({jobs[2]})"
 
 
-def cycle_floor(warehouse: Path, log: Path) -> tuple[float, float]:
-    """Seconds of `tests.bench.floor cycle` on the warehouse, with the outputs merged and appended; its
-    steps written to `log`."""
+class Floor(NamedTuple):
+    merged_s: float
+    appended_s: float
+    merged_jobs: int
+    appended_jobs: int
+
+
+def cycle_floor(warehouse: Path, log: Path) -> Floor:
+    """`tests.bench.floor cycle` on the warehouse: its seconds and Spark jobs with the outputs merged and
+    appended; its steps written to `log`."""
     _, _, err = timed_job([sys.executable, "-m", "tests.bench.floor", "cycle", str(warehouse)])
     log.write_text(err)
-    merged, appended = FLOOR.search(err), APPENDED.search(err)
-    if merged is None or appended is None:
+    merged, appended, jobs = FLOOR.search(err), APPENDED.search(err), FLOOR_JOBS.search(err)
+    if merged is None or appended is None or jobs is None:
         raise SystemExit(f"the floor of the cycle printed no figure:\n{err[-3000:]}")
-    return float(merged[1]), float(appended[1])
+    return Floor(float(merged[1]), float(appended[1]), int(jobs[1]), int(jobs[2]))
 
 
 def main() -> int:
     sizes = [int(n) for n in os.environ.get("BENCH_TRANSACTIONS", "10000 1000000").split()]
-    measured: dict[int, tuple[float, float, int]] = {}  # size -> the cycle's seconds, its floor, its Spark jobs
+    # size -> the cycle's seconds, its floor's, the cycle's Spark jobs, its floor's
+    measured: dict[int, tuple[float, float, int, int]] = {}
     for n in sizes:
         base, tail = landing_for(n)
         with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
@@ -124,27 +134,30 @@ def main() -> int:
             proc.wait(600)
             LOGS.mkdir(parents=True, exist_ok=True)
             shutil.copy(log, LOGS / f"serve-{n}.log")  # the cycles' own lines, kept for a figure that surprises
-            merged_s, appended_s = cycle_floor(warehouse, LOGS / f"floor-{n}.log")
+            floor = cycle_floor(warehouse, LOGS / f"floor-{n}.log")
             print(f"serve on {n:,} reconciled transactions (made by ingest {ingest_s:.0f} s, reconcile "
                   f"{reconcile_s:.0f} s; its log: {LOGS / f'serve-{n}.log'}):\n  warm-up cycle {_status(warm)}: "
                   f"{_steps(warm)}\n  the cycle that brought {int(new[3]):,} new records {_status(new)}: "
                   f"{_steps(new)}\n  peak RSS of serve's process tree {peak[0] // 1024:,} MiB\n  the floor of that "
-                  f"cycle, Delta alone writing and reading its rows: {merged_s:.1f} s; with the outputs "
-                  f"appended instead of merged {appended_s:.1f} s (its steps: {LOGS / f'floor-{n}.log'})",
+                  f"cycle, Delta alone writing and reading its rows: {floor.merged_s:.1f} s, {floor.merged_jobs} "
+                  f"Spark jobs; with the outputs appended instead of merged {floor.appended_s:.1f} s, "
+                  f"{floor.appended_jobs} Spark jobs (its steps: {LOGS / f'floor-{n}.log'})",
                   flush=True)  # fmt: skip
-            measured[n] = (_seconds(new), merged_s, int(_jobs(new)[1]))
+            measured[n] = (_seconds(new), floor.merged_s, int(_jobs(new)[1]), floor.merged_jobs)
     print(ratios(measured), flush=True)
     return 0
 
 
-def ratios(measured: dict[int, tuple[float, float, int]]) -> str:
+def ratios(measured: dict[int, tuple[float, float, int, int]]) -> str:
     """The issue's three figures in one line: the measured cycle on the largest warehouse over the same cycle
-    on the smallest, the largest cycle/floor of any size, and the most Spark jobs a cycle ran."""
+    on the smallest, the largest cycle/floor of any size, and the most Spark jobs a cycle ran (with the most
+    its floor ran beside it)."""
     small, large = min(measured), max(measured)
     flat = measured[large][0] / measured[small][0]
     return (
         f"cycle ratio {_size(large)}/{_size(small)} {flat:.2f}; cycle/floor "
-        f"{max(s / f for s, f, _ in measured.values()):.2f}; jobs {max(j for _, _, j in measured.values())}"
+        f"{max(s / f for s, f, _, _ in measured.values()):.2f}; jobs {max(m[2] for m in measured.values())} "
+        f"(floor {max(m[3] for m in measured.values())})"
     )
 
 

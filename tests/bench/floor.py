@@ -23,7 +23,8 @@ the benchmark like a job.
 
 Each prints one line per step and a last line "floor done (S s; not counted U s)": the seconds counted
 after the session started, and those it spent reading what it writes, which the benchmark takes off the
-process's wall time too.
+process's wall time too. `cycle` also prints the Spark jobs of its counted pass, "floor Spark jobs J" (and
+"floor Spark jobs, outputs appended J"): what the cycle's target in jobs compares with.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from pyspark.sql import functions as F
 from jobs.catalog import table_version
 from jobs.config import Config, load_config
 from jobs.reconcile import OUTPUTS
-from jobs.session import build_session
+from jobs.session import build_session, jobs_started
 from schemas.bronze import BRONZE, INGEST_FILES, INGEST_RUNS
 from schemas.quality import DQ_RESULTS, QUALITY_RUNS
 from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, RECONCILE_RUNS, TXN_LIFECYCLE
@@ -135,11 +136,15 @@ def cycle(warehouse: str) -> None:
     clock.step("rows to write read", counted=False)
     _cycle(spark, config, new, out, recomputed, run_rows, lambda _: None)
     clock.step("warm-up pass", counted=False)
+    jobs = jobs_started(spark)
     _cycle(spark, config, new, out, recomputed, run_rows, clock.step)
+    jobs = jobs_started(spark) - jobs
     clock.done()
-    appended = Clock()
+    print(f"floor Spark jobs {jobs}", file=sys.stderr, flush=True)
+    appended, jobs = Clock(), jobs_started(spark)
     _cycle(spark, config, new, out, recomputed, run_rows, appended.step, merged=False)
     print(f"floor done, outputs appended ({appended.counted:.1f} s)", file=sys.stderr, flush=True)
+    print(f"floor Spark jobs, outputs appended {jobs_started(spark) - jobs}", file=sys.stderr, flush=True)
 
 
 Rows = dict[str, tuple[list[str], DataFrame]]  # table -> (its key, rows)
