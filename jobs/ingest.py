@@ -347,8 +347,8 @@ def _write_batch(
     # One pass writes the inserts and counts every fate on the way; quarantine rows are rare and are
     # computed again only when there are some.
     fates = Observation()
-    stored = F.when(F.col("_fate") != QUARANTINED, F.col(EVENT_TIME[stream]))
-    latest = F.coalesce(F.max(stored), F.lit(0)).alias("events_until")  # 0: no record, so no event
+    event = F.when(F.col("_fate") != QUARANTINED, F.col(EVENT_TIME[stream]))
+    latest = F.coalesce(F.max(event), F.lit(0)).alias("events_until")  # 0: no record, so no event
     counted = classified.observe(fates, *(F.count_if(F.col("_fate") == k).alias(k) for k in FATES), latest)
     counted.where(F.col("_fate") == INSERT).select(
         *LANDING[stream].names, "_record_hash", "_source_file",

@@ -368,7 +368,7 @@ def test_a_field_added_later_keeps_old_records_repeatable(spark: SparkSession, c
     ).append()
     landing = tmp_path / "landing"
     (landing / "half").mkdir(parents=True)
-    rip_82 = dict(GOOD_HALF, uniq_key="K9", topic=ROCKSDB_HALF_TOPIC, store_timestamp=GOOD_HALF["store_timestamp"] + 5)
+    rip_82 = dict(GOOD_HALF, uniq_key="K9", topic=ROCKSDB_HALF_TOPIC, store_timestamp=1005)
     (landing / "half" / "again.jsonl").write_text(json.dumps(GOOD_HALF) + "\n" + json.dumps(rip_82) + "\n")
 
     tallies = ingest(spark, cfg, landing, "run-new")
