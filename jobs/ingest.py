@@ -45,7 +45,7 @@ from schemas.bronze import (
     STATS_COLUMNS,
 )
 from schemas.spark import to_struct
-from transforms.frames import ranges, union_all, within
+from transforms.frames import kept, kept_with_ranges, union_all, within
 from transforms.landing import (
     DUPLICATE,
     INSERT,
@@ -337,10 +337,12 @@ def _write_batch(
         # A small batch against a large table: bronze cut down to the batch's keys, first to their ranges (so
         # Delta reads its recent files only, as a rule), then by broadcasting them, instead of shuffling every
         # stored key to join with a few new ones.
-        keys = batch.select(*bronze.key).distinct().localCheckpoint()
-        stored = within(stored, ranges(keys, bronze.key)).join(F.broadcast(keys), on=list(bronze.key), how="left_semi")
-    facts = key_facts(bronze.key, batch, stored).localCheckpoint()
-    [sizes] = facts.agg(F.count("*").alias("keys"), F.count_if(F.col("_copies") > 1).alias("contested")).collect()
+        keys, bounds = kept_with_ranges(batch.select(*bronze.key).distinct(), bronze.key)
+        stored = within(stored, bounds).join(F.broadcast(keys), on=list(bronze.key), how="left_semi")
+    facts, sizes = kept(
+        key_facts(bronze.key, batch, stored), F.count(F.lit(1)).alias("keys"),
+        F.count_if(F.col("_copies") > 1).alias("contested"),
+    )  # fmt: skip
     if sizes["keys"] <= BROADCAST_KEYS:
         facts = F.broadcast(facts)  # usually empty: the batch is then written without a shuffle
     classified = batch.transform(classify_batch(bronze.key, facts, contested=sizes["contested"] > 0))

@@ -42,7 +42,7 @@ from schemas.bronze import BRONZE
 from schemas.quality import DQ_RESULTS, QUALITY_RUNS, Expectation, Suite, suites
 from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, TXN_LIFECYCLE
 from schemas.spark import to_struct
-from transforms.frames import ranges, within
+from transforms.frames import kept_with_ranges, ranges, within
 from transforms.lifecycle import listed_copies
 from transforms.quality import (
     changed_rows,
@@ -229,11 +229,11 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
             .table(table)
         )
         # Read here, once: change data that is missing fails only when it is read, and GE reads a batch often.
-        changed = (
-            changes.where(F.col("_change_type").isin("insert", "update_postimage")).drop(*CDF_COLUMNS).localCheckpoint()
-        )
         # Only the rows that can share a key with a changed one are looked at: the table's recent files as a rule.
-        candidates = within(snapshot, ranges(changed, suite.key)) if suite.key else snapshot
+        changed, bounds = kept_with_ranges(
+            changes.where(F.col("_change_type").isin("insert", "update_postimage")).drop(*CDF_COLUMNS), suite.key
+        )
+        candidates = within(snapshot, bounds) if suite.key else snapshot
         return Batch(suite, changed_rows(candidates, changed, suite.key), version, "incremental")
     except AnalysisException as e:  # change data no longer kept (VACUUM) or never recorded
         log.info("  %s: no change data since version %d (%s); validating it whole", table, previous, first_line(e))

@@ -56,7 +56,7 @@ from schemas.spark import to_struct
 from transforms.anomalies import OFFSET_KEY, offset_commits, offset_regressions, transaction_anomalies
 from transforms.consumers import GROUP_TYPES, Refusals, group_anomalies, refusals
 from transforms.deliveries import change_sign, changing, counted, deliveries, wanted
-from transforms.frames import differing, ranges, union_all, within
+from transforms.frames import differing, kept, kept_with_ranges, ranges, row_count, union_all, within
 from transforms.lifecycle import (
     DISCARD_TOPIC,
     ID,
@@ -396,12 +396,12 @@ def incremental(
     listed = within(half, ranges(listed_copies(new["op"]), BRONZE["half"].key))
     # Checkpointed (kept by the executors, lineage cut): small, used in many places, and every later plan
     # stays short; a plan that repeats a cached part's whole lineage in each use can fill the heap.
-    keys = union_all([
+    keys, touched = kept(union_all([
         touched_transactions(new["half"], new["op"], new["real"], listed, current),
         traced_transactions(new["trace"], current),
-    ]).distinct().localCheckpoint()  # fmt: skip
-    queues = touched_queues(new["offset"]).localCheckpoint()
-    n_keys, n_queues = keys.count(), queues.count()
+    ]).distinct(), row_count())  # fmt: skip
+    queues, queued = kept(touched_queues(new["offset"]), row_count())
+    n_keys, n_queues = touched["rows"], queued["rows"]
     _progress("%d transactions and %d queues to recompute", n_keys, n_queues)
     if n_keys > FULL_ABOVE_KEYS and n_keys > FULL_ABOVE_SHARE * current.count():
         return None
@@ -417,15 +417,17 @@ def incremental(
         stored = _as_left(spark, config, DELIVERIES, last)
         messages = changing(real, new["real"], snapshots, commits_then, every_commit, stored, copies, whole, refused,
                             as_of).localCheckpoint()  # fmt: skip
-        recomputed = deliveries(messages, snapshots, every_commit, copies, whole, refused, as_of).localCheckpoint()
+        recomputed, bounds = kept_with_ranges(
+            deliveries(messages, snapshots, every_commit, copies, whole, refused, as_of), DELIVERIES.key
+        )
         # Compared with the stored rows within the recomputed keys' ranges: Delta skips the other files.
-        candidates = within(stored, ranges(recomputed, DELIVERIES.key))
-        changed = differing(recomputed.select(*DELIVERIES.names), candidates, DELIVERIES.key).localCheckpoint()
-        earliest, rows = changed.agg(F.min("store_timestamp"), F.count(F.lit(1))).first()  # type: ignore[misc]
-        if earliest is not None:
+        candidates = within(stored, bounds)
+        changed, seen = kept(differing(recomputed.select(*DELIVERIES.names), candidates, DELIVERIES.key),
+                             F.min("store_timestamp").alias("earliest"), row_count())  # fmt: skip
+        if (earliest := seen["earliest"]) is not None:
             _merge(spark, config, DELIVERIES, changed, list(DELIVERIES.key), f"t.store_timestamp >= {earliest}")
             _count_changes(spark, config, last["deliveries_version"], earliest)
-        _progress("deliveries merged: %d rows changed", rows)
+        _progress("deliveries merged: %d rows changed", seen["rows"])
 
     # The consumption trace's findings are compared with the deliveries this run merges, so that with such a
     # trace the anomalies wait for the deliveries; one merge writes every finding, so that a reader sees the
@@ -435,10 +437,11 @@ def incremental(
     # Independent parts run side by side, in a thread of their own, so that their jobs share the cores (most of a
     # small job is the driver's): the lifecycle beside the group rules, the deliveries beside the merges.
     with ThreadPoolExecutor(1, "reconcile") as pool:
-        lives = pool.submit(lambda: facts_of(keys, half, op, real).transform(lifecycle(as_of, rules)).localCheckpoint())
+        lives = pool.submit(lambda: kept(facts_of(keys, half, op, real).transform(lifecycle(as_of, rules)),
+                                         F.min("born_ts").alias("born")))  # fmt: skip
         commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).localCheckpoint()
-        kept = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
-        every_commit = union_all([kept.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
+        untouched = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
+        every_commit = union_all([untouched.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
         # The group findings and offset regressions are recomputed whole (WHOLE_TYPES).
         refused = refusals(snapshots, every_commit, real).checkpointed()
         whole = (
@@ -456,7 +459,7 @@ def incremental(
             merge_anomalies(spark, config, union_all(found), as_of, scope=keys)
             _progress("anomalies merged")
 
-        life = lives.result()
+        life, seen = lives.result()
         delivered = pool.submit(merge_deliveries, every_commit, whole, refused, wants)
         found = [transaction_anomalies(life, as_of, rules, trace), whole,
                  cluster_anomalies(bronze.frames, as_of, rules)]  # fmt: skip
@@ -464,7 +467,7 @@ def incremental(
             merge_found(found)
         _merge(spark, config, OFFSET_COMMITS, commits_q, list(OFFSET_COMMITS.names[:8]))
         _progress("offset_commits merged")
-        _merge(spark, config, TXN_LIFECYCLE, life, ID, born_since(life))
+        _merge(spark, config, TXN_LIFECYCLE, life, ID, born_since(seen["born"]))
         _progress("txn_lifecycle merged")
         delivered.result()
     if consuming:
@@ -532,11 +535,11 @@ def new_rows(spark: SparkSession, bronze: Bronze, stream: str, last: Row, as_of:
     return window.unionByName(added.select(*frame.columns))
 
 
-def born_since(life: DataFrame) -> str:
-    """A condition on the stored lifecycle that every row of `life` (recomputed transactions) matches, for
-    Delta to skip the files of older ones. A transaction's born_ts is the least of its halves', and a
-    run only adds halves: its stored born_ts is null (no half yet) or at least its recomputed one."""
-    earliest = life.agg(F.min("born_ts")).first()[0]  # type: ignore[index]
+def born_since(earliest: int | None) -> str:
+    """A condition on the stored lifecycle that every recomputed transaction matches, given the least born_ts
+    among them, for Delta to skip the files of older ones. A transaction's born_ts is the least of its
+    halves', and a run only adds halves: its stored born_ts is null (no half yet) or at least its recomputed
+    one."""
     return "t.born_ts IS NULL" + ("" if earliest is None else f" OR t.born_ts >= {earliest}")
 
 

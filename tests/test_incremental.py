@@ -10,12 +10,14 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from jobs.config import Config
 from jobs.reconcile import TIME, born_since, full_view, read_bronze, reconcile, rules_from
 from schemas.reconciled import ANOMALIES, DELIVERIES, DELIVERY_COUNTS, OFFSET_COMMITS, TXN_LIFECYCLE
 from schemas.spark import to_struct
 from tests.test_ingest import fresh_db, ingest, make_landing, version
+from transforms.frames import kept
 
 pytestmark = pytest.mark.spark
 STREAMS = ("half", "op", "real", "offset")
@@ -115,5 +117,7 @@ def test_incremental_runs_equal_a_full_recompute_on_chaos(spark: SparkSession, c
 
 def test_a_lifecycle_merge_only_reaches_transactions_born_since_the_earliest_recomputed(spark: SparkSession) -> None:
     life = spark.createDataFrame([("a", None), ("b", 7), ("c", 3)], "uniq_key string, born_ts long")
-    assert born_since(life) == "t.born_ts IS NULL OR t.born_ts >= 3"
-    assert born_since(life.where("born_ts IS NULL")) == "t.born_ts IS NULL"  # no half seen: only such rows
+    earliest = kept(life, F.min("born_ts").alias("born"))[1]["born"]  # as reconcile observes it
+    assert born_since(earliest) == "t.born_ts IS NULL OR t.born_ts >= 3"
+    none = kept(life.where("born_ts IS NULL"), F.min("born_ts").alias("born"))[1]["born"]
+    assert born_since(none) == "t.born_ts IS NULL"  # no half seen: only such rows

@@ -22,7 +22,7 @@ from transforms.anomalies import (
     rechecked_after_resolution,
     stuck_half,
 )
-from transforms.frames import ranges, within
+from transforms.frames import kept_with_ranges, ranges, within
 from transforms.lifecycle import Rules, facts, lifecycle, resolutions, resolved_offsets
 from transforms.trace import answered
 
@@ -297,6 +297,8 @@ def test_within_the_ranges_of_some_keys_a_join_on_them_keeps_the_same_rows(spark
     key = ["broker_name", "queue_id", "queue_offset"]
     bounds = ranges(keys, key)
     assert bounds == {"broker_name": ("b", "c"), "queue_id": (1, 9), "queue_offset": (20, 999)}
+    kept, observed = kept_with_ranges(keys, key)  # the same bounds, observed while the keys are kept
+    assert observed == bounds and sorted(kept.collect()) == sorted(keys.collect())
     bounded = within(table, bounds)
     assert_df_equality(bounded.join(keys, on=key, how="left_semi"), table.join(keys, on=key, how="left_semi"),
                        ignore_row_order=True)  # fmt: skip
@@ -304,5 +306,5 @@ def test_within_the_ranges_of_some_keys_a_join_on_them_keeps_the_same_rows(spark
         r for r in table.select(*key).collect() if r[0] == "b" and r[1] >= 1 and r[2] >= 20
     )
     nothing = ranges(keys.where("queue_offset < 0"), key)
-    assert nothing == dict.fromkeys(key, (None, None))
+    assert nothing == dict.fromkeys(key, (None, None)) == kept_with_ranges(keys.where("queue_offset < 0"), key)[1]
     assert within(table, nothing).count() == 0

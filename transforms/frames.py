@@ -4,7 +4,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
 
@@ -24,9 +24,33 @@ def differing(recomputed: DataFrame, stored: DataFrame, key: Sequence[str]) -> D
 
 def ranges(df: DataFrame, columns: Sequence[str]) -> dict[str, tuple[Any, Any]]:
     """The least and greatest value of each of `columns` in `df`: one small aggregate (an action)."""
-    row = df.agg(*(f(c) for c in columns for f in (F.min, F.max))).first()
+    row = df.agg(*_bounds(columns)).first()
     assert row is not None  # an aggregate without grouping has one row
     return {c: (row[2 * i], row[2 * i + 1]) for i, c in enumerate(columns)}
+
+
+def kept(df: DataFrame, *metrics: Column) -> tuple[DataFrame, dict[str, Any]]:
+    """`df` checkpointed (kept by the executors, its lineage cut) and `metrics`, named aggregates of its rows,
+    observed in the pass that writes the checkpoint: they cost no job of their own."""
+    if not metrics:
+        return df.localCheckpoint(), {}
+    seen = Observation()
+    return df.observe(seen, *metrics).localCheckpoint(), seen.get
+
+
+def kept_with_ranges(df: DataFrame, columns: Sequence[str]) -> tuple[DataFrame, dict[str, tuple[Any, Any]]]:
+    """`df` kept, and its `ranges` of `columns` observed on the way."""
+    rows, got = kept(df, *_bounds(columns))
+    return rows, {c: (got[f"_min_{i}"], got[f"_max_{i}"]) for i, c in enumerate(columns)}
+
+
+def row_count() -> Column:
+    """A metric for `kept`: how many rows, as "rows"."""
+    return F.count(F.lit(1)).alias("rows")
+
+
+def _bounds(columns: Sequence[str]) -> list[Column]:
+    return [f(c).alias(f"_{f.__name__}_{i}") for i, c in enumerate(columns) for f in (F.min, F.max)]
 
 
 def within(df: DataFrame, bounds: Mapping[str, tuple[Any, Any]]) -> DataFrame:

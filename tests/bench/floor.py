@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -133,16 +134,18 @@ def cycle(warehouse: str) -> None:
     lifecycle = out.get(config.table(TXN_LIFECYCLE.name))
     recomputed = lifecycle[1].select(*ID).localCheckpoint() if lifecycle else None
     run_rows = {config.table(r.name): spark.table(config.table(r.name)).limit(1).localCheckpoint() for r in RUN_TABLES}
+    # The new rows' key ranges come with reading them, as ingest observes them while it keeps the batch's keys.
+    bounds = {table: ranges(rows, key) for table, (key, rows) in new.items()}
     clock.step("rows to write read", counted=False)
-    _cycle(spark, config, new, out, recomputed, run_rows, lambda _: None)
+    _cycle(spark, config, new, bounds, out, recomputed, run_rows, lambda _: None)
     clock.step("warm-up pass", counted=False)
     jobs = jobs_started(spark)
-    _cycle(spark, config, new, out, recomputed, run_rows, clock.step)
+    _cycle(spark, config, new, bounds, out, recomputed, run_rows, clock.step)
     jobs = jobs_started(spark) - jobs
     clock.done()
     print(f"floor Spark jobs {jobs}", file=sys.stderr, flush=True)
     appended, jobs = Clock(), jobs_started(spark)
-    _cycle(spark, config, new, out, recomputed, run_rows, appended.step, merged=False)
+    _cycle(spark, config, new, bounds, out, recomputed, run_rows, appended.step, merged=False)
     print(f"floor done, outputs appended ({appended.counted:.1f} s)", file=sys.stderr, flush=True)
     print(f"floor Spark jobs, outputs appended {jobs_started(spark) - jobs}", file=sys.stderr, flush=True)
 
@@ -157,13 +160,13 @@ def _changed(spark: SparkSession, table: str, since: int, until: int) -> DataFra
 
 
 def _cycle(
-    spark: SparkSession, config: Config, new: Rows, out: Rows, recomputed: DataFrame | None,
-    run_rows: dict[str, DataFrame], step: Callable[[str], None], merged: bool = True,
+    spark: SparkSession, config: Config, new: Rows, bounds: dict[str, dict[str, tuple[Any, Any]]], out: Rows,
+    recomputed: DataFrame | None, run_rows: dict[str, DataFrame], step: Callable[[str], None], merged: bool = True,
 ) -> None:  # fmt: skip
     written = {t: table_version(spark, t) for t in [*new, *out]}
     step("table versions read")
     for table, (key, rows) in new.items():  # looked up within the keys' ranges, as ingest does
-        within(spark.table(table), ranges(rows, key)).join(rows.select(*key), key, "left_semi").count()
+        within(spark.table(table), bounds[table]).join(rows.select(*key), key, "left_semi").count()
         rows.write.insertInto(table)
     step("new bronze rows looked up by key and appended")
     for table in new:
