@@ -92,9 +92,8 @@ def _progress(message: str, *args: object) -> None:
 
 # The streams reconcile follows version by version; consumer and topology snapshots are small and always read
 # whole.
-TIME = {"half": "store_timestamp", "op": "store_timestamp", "real": "store_timestamp", "offset": "commit_timestamp",
-        "trace": "store_timestamp"}  # fmt: skip
-SNAPSHOT_TIME = "snapshot_ts"
+TIME = {s: EVENT_TIME[s] for s in ("half", "op", "real", "offset", "trace")}
+SNAPSHOT_TIME = EVENT_TIME["consumer"]
 # Anomaly types every run recomputes whole, whatever changed.
 WHOLE_TYPES = ("OFFSET_REGRESSION", *GROUP_TYPES, *TOPOLOGY_TYPES)
 OUTPUTS = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES, DELIVERIES, DELIVERY_COUNTS)

@@ -26,7 +26,7 @@ def ranges(df: DataFrame, columns: Sequence[str]) -> dict[str, tuple[Any, Any]]:
     """The least and greatest value of each of `columns` in `df`: one small aggregate (an action)."""
     row = df.agg(*_bounds(columns)).first()
     assert row is not None  # an aggregate without grouping has one row
-    return {c: (row[2 * i], row[2 * i + 1]) for i, c in enumerate(columns)}
+    return _ranges_of(row.asDict(), columns)
 
 
 def kept(df: DataFrame, *metrics: Column) -> tuple[DataFrame, dict[str, Any]]:
@@ -41,7 +41,7 @@ def kept(df: DataFrame, *metrics: Column) -> tuple[DataFrame, dict[str, Any]]:
 def kept_with_ranges(df: DataFrame, columns: Sequence[str]) -> tuple[DataFrame, dict[str, tuple[Any, Any]]]:
     """`df` kept, and its `ranges` of `columns` observed on the way."""
     rows, got = kept(df, *_bounds(columns))
-    return rows, {c: (got[f"_min_{i}"], got[f"_max_{i}"]) for i, c in enumerate(columns)}
+    return rows, _ranges_of(got, columns)
 
 
 def row_count() -> Column:
@@ -51,6 +51,10 @@ def row_count() -> Column:
 
 def _bounds(columns: Sequence[str]) -> list[Column]:
     return [f(c).alias(f"_{f.__name__}_{i}") for i, c in enumerate(columns) for f in (F.min, F.max)]
+
+
+def _ranges_of(bounds: Mapping[str, Any], columns: Sequence[str]) -> dict[str, tuple[Any, Any]]:
+    return {c: (bounds[f"_min_{i}"], bounds[f"_max_{i}"]) for i, c in enumerate(columns)}
 
 
 def within(df: DataFrame, bounds: Mapping[str, tuple[Any, Any]]) -> DataFrame:
