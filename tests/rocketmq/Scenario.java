@@ -284,9 +284,9 @@ public final class Scenario {
         DefaultMQPushConsumer member1 = consumer(namesrv, "member-1", seen1);
         TransactionMQProducer main1 = producer(namesrv, "PG_MAIN", "main-1");
         TransactionMQProducer main2 = producer(namesrv, "PG_MAIN", "main-2");
-        // The gone group sends in one burst and exits straight away: its halves are younger than the transaction
-        // timeout when it leaves, so no check can have reached it (interleaved with 100 other sends on a loaded
-        // machine, every one of them had been checked, and answered, before it exited).
+        // The gone group sends in one burst and exits straight away: its last halves at least are younger than the
+        // transaction timeout when it leaves, so their checks find nobody to ask (interleaved with 100 other
+        // sends, on a loaded machine all ten had been checked, and answered, before it exited).
         TransactionMQProducer gone = producer(namesrv, "PG_GONE", "gone-1");
         for (int i = 0; i < 10; i++) {
             send(gone, "GONE", i, "gone-1");
