@@ -64,6 +64,10 @@ JSON_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 PARQUET_SUFFIXES = (".parquet",)
 SMALL_BATCH_BYTES = 64 * 1024 * 1024  # up to about a million keys to broadcast (Parquet; fewer as JSON)
 BROADCAST_KEYS = 250_000  # key facts up to this many rows (some tens of MiB) go to every task
+# Bronze files hold at most this many rows, in the order of the table's clustering (broker, then time): a
+# lookup by time or by key range (queue offsets grow with time) then reads the few files that can hold it.
+# A large backfill written as two files of half a million rows each was read whole by every such lookup.
+FILE_ROWS = 100_000
 FATES = (INSERT, DUPLICATE, QUARANTINED)
 
 
@@ -355,7 +359,9 @@ def _write_batch(
     counted.where(F.col("_fate") == INSERT).select(
         *LANDING[stream].names, "_record_hash", "_source_file",
         F.lit(ingested_at).alias("_ingested_at"), F.lit(run_id).alias("_run_id"),
-    ).writeTo(config.table(bronze.name)).append()  # fmt: skip
+    ).sortWithinPartitions(*CLUSTER_BY[stream]).writeTo(config.table(bronze.name)).option(
+        "maxRecordsPerFile", FILE_ROWS
+    ).append()  # fmt: skip
     counts = fates.get
     if counts[QUARANTINED]:
         bad = classified.where(F.col("_fate") == QUARANTINED).select(

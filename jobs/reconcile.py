@@ -68,7 +68,14 @@ from transforms.lifecycle import (
     resolved_offsets,
     up_to,
 )
-from transforms.scope import facts_of, touched_queues, touched_transactions, traced_transactions
+from transforms.scope import (
+    facts_of,
+    from_since,
+    per_transaction,
+    touched_queues,
+    touched_transactions,
+    traced_transactions,
+)
 from transforms.topology import (
     COLUMNS,
     TOPOLOGY_TYPES,
@@ -398,7 +405,11 @@ def incremental(
     keys, touched = kept(union_all([
         touched_transactions(new["half"], new["op"], new["real"], listed, current),
         traced_transactions(new["trace"], current),
-    ]).distinct(), row_count())  # fmt: skip
+    ]).transform(per_transaction), row_count(), F.min("since").alias("since"))  # fmt: skip
+    # No stored half or commit evidence of these transactions is older than `since`, nor than the last run's
+    # as_of for the ones it had not seen: their facts are read from then on (and from the rows landed late).
+    unseen = last["as_of"] + 1
+    since = unseen if touched["since"] is None else min(unseen, touched["since"])
     queues, queued = kept(touched_queues(new["offset"]), row_count())
     n_keys, n_queues = touched["rows"], queued["rows"]
     _progress("%d transactions and %d queues to recompute", n_keys, n_queues)
@@ -436,8 +447,8 @@ def incremental(
     # Independent parts run side by side, in a thread of their own, so that their jobs share the cores (most of a
     # small job is the driver's): the lifecycle beside the group rules, the deliveries beside the merges.
     with ThreadPoolExecutor(1, "reconcile") as pool:
-        lives = pool.submit(lambda: kept(facts_of(keys, half, op, real).transform(lifecycle(as_of, rules)),
-                                         F.min("born_ts").alias("born")))  # fmt: skip
+        facts_df = facts_of(keys, from_since(half, new["half"], since), op, from_since(real, new["real"], since))
+        lives = pool.submit(lambda: kept(facts_df.transform(lifecycle(as_of, rules)), F.min("born_ts").alias("born")))
         commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).localCheckpoint()
         untouched = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
         every_commit = union_all([untouched.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])

@@ -9,7 +9,7 @@ would leave it.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from transforms.anomalies import OFFSET_KEY
@@ -31,23 +31,47 @@ from transforms.lifecycle import (
 def touched_transactions(
     new_half: DataFrame, new_op: DataFrame, new_real: DataFrame, half_df: DataFrame, lifecycle_df: DataFrame
 ) -> DataFrame:
-    """(broker_name, uniq_key) of every transaction to recompute: new copies, commits or discard
-    evidence; copies that a new op lists; and the open rows of the current lifecycle."""
+    """(broker_name, uniq_key, since) of every transaction to recompute, once or more (`per_transaction` makes them
+    one): new copies, commits or discard evidence; copies that a new op lists; and the open rows of the
+    current lifecycle. `since` is when its stored facts begin (`stored_since`), null for a transaction the
+    lifecycle does not hold yet."""
     listed = op_offsets(new_op).select(*LOOKUP).distinct()
     evidence = is_commit() | ((F.col("topic") == DISCARD_TOPIC) & F.col("uniq_key").isNotNull())
-    return union_all([
+    events = union_all([
         new_half.select(*ID),
         new_real.where(evidence).select(*ID),
         copy_lookups(half_df).join(F.broadcast(listed), on=LOOKUP, how="left_semi").select(*ID),
-        lifecycle_df.where(open_transactions()).select(*ID),
     ]).distinct()  # fmt: skip
+    # One pass over the lifecycle finds both the open rows and when the stored facts of the others begin.
+    stored = lifecycle_df.join(F.broadcast(events.withColumn("_event", F.lit(True))), on=ID, how="left")
+    stored = stored.where(open_transactions() | F.col("_event")).select(*ID, stored_since())
+    return union_all([events.withColumn("since", F.lit(None).cast("long")), stored])
 
 
 def traced_transactions(new_trace: DataFrame, lifecycle_df: DataFrame) -> DataFrame:
-    """(broker_name, uniq_key) of the transactions a newly landed send or end-request trace names: a trace
-    message can be stored, or collected, long after the transaction it tells of."""
+    """(broker_name, uniq_key, since) of the transactions a newly landed send or end-request trace names: a
+    trace message can be stored, or collected, long after the transaction it tells of."""
     keys = new_trace.where(F.col("trace_type").isin("Pub", "EndTransaction")).select("uniq_key").distinct()
-    return lifecycle_df.join(F.broadcast(keys), on="uniq_key", how="left_semi").select(*ID)
+    return lifecycle_df.join(F.broadcast(keys), on="uniq_key", how="left_semi").select(*ID, stored_since())
+
+
+def per_transaction(touched: DataFrame) -> DataFrame:
+    """Touched transactions (`touched_transactions`, `traced_transactions`), one row each."""
+    return touched.groupBy(*ID).agg(F.min("since").alias("since"))
+
+
+def stored_since() -> Column:
+    """As "since": the earliest store time among a lifecycle row's facts (its first half copy, commit or
+    discard record), null when it has none. Its halves and its commit evidence were stored no earlier."""
+    return F.least("first_copy_ts", "first_commit_ts", "discard_ts").alias("since")
+
+
+def from_since(df: DataFrame, new_df: DataFrame, since: int) -> DataFrame:
+    """The rows of a bronze stream (half or real, `df`) that the facts of transactions none of whose stored
+    facts is older than `since` can come from: those stored since then (Delta reads only the files that can
+    hold them) and the rows new to this run stored before it (landed late). `new_df` is `df`'s new rows."""
+    ts = F.col("store_timestamp")
+    return df.where(ts >= since).unionByName(new_df.where(ts < since))
 
 
 def touched_queues(new_offset: DataFrame) -> DataFrame:
@@ -56,8 +80,8 @@ def touched_queues(new_offset: DataFrame) -> DataFrame:
 
 
 def facts_of(keys: DataFrame, half_df: DataFrame, op_df: DataFrame, real_df: DataFrame) -> DataFrame:
-    """`facts` of the transactions in `keys` only, from the whole bronze tables: the ops are cut down to
-    the offsets of those transactions' copies before they are reduced."""
+    """`facts` of the transactions in `keys` only: the ops are cut down to the offsets of those transactions'
+    copies before they are reduced."""
     half_k = half_df.join(F.broadcast(keys), on=ID, how="left_semi")
     needed = copy_lookups(half_k).select(*LOOKUP).distinct()
     resolved = earliest(op_offsets(op_df).join(F.broadcast(needed), on=LOOKUP, how="left_semi"))
