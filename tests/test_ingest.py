@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import gzip
+import itertools
 import json
 import random
 import shutil
@@ -79,16 +80,29 @@ def version(spark: SparkSession, cfg: Config, table: str) -> int:
     return int(spark.sql(f"DESCRIBE HISTORY {cfg.table(table)}").agg(F.max("version")).collect()[0][0])
 
 
-def test_end_to_end_incremental_and_idempotent(spark: SparkSession, config: Config, tmp_path: Path) -> None:
+def test_end_to_end_incremental_and_idempotent(
+    spark: SparkSession, config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = fresh_db(spark, config, "t_ingest_e2e")
     landing = tmp_path / "landing"
     meta = make_landing(landing)
+    monkeypatch.setattr(ingest_job, "FILE_ROWS", 40)
 
     first = ingest(spark, cfg, landing, "run-1")
     for stream in LANDING:
         assert first[stream].inserted == meta["records"][stream] > 0
         assert first[stream].files == meta["files"][stream]
         assert rows(spark, cfg, stream) == landed(landing / stream)
+    # A batch (here one landing file, one task) is written in files of at most FILE_ROWS rows that do not
+    # overlap in (broker, store time): a lookup of a stretch of time reads the files that hold it.
+    where = F.struct("broker_name", "store_timestamp")
+    files = (
+        spark.table(cfg.table("real_events")).groupBy(F.input_file_name())
+        .agg(F.count(F.lit(1)).alias("n"), F.min(where).alias("first"), F.max(where).alias("last"))
+        .orderBy("first").collect()
+    )  # fmt: skip
+    assert meta["files"]["real"] == 1 and len(files) == -(-meta["records"]["real"] // 40) > 1
+    assert all(f["n"] <= 40 for f in files) and all(a["last"] <= b["first"] for a, b in itertools.pairwise(files))
     bronze = spark.table(cfg.table("half_events"))
     assert bronze.where("_run_id != 'run-1' OR _source_file NOT LIKE '%/half/part-%.jsonl'").count() == 0
     # Each file records the latest event of its batch, so the default as_of is read from one small table.
