@@ -69,6 +69,7 @@ from transforms.lifecycle import (
     up_to,
 )
 from transforms.scope import (
+    event_transactions,
     facts_of,
     from_since,
     per_transaction,
@@ -402,8 +403,9 @@ def incremental(
     listed = within(half, ranges(listed_copies(new["op"]), BRONZE["half"].key))
     # Checkpointed (kept by the executors, lineage cut): small, used in many places, and every later plan
     # stays short; a plan that repeats a cached part's whole lineage in each use can fill the heap.
+    events = kept(event_transactions(new["half"], new["op"], new["real"], listed))[0]  # read twice below
     keys, touched = kept(union_all([
-        touched_transactions(new["half"], new["op"], new["real"], listed, current),
+        touched_transactions(events, current),
         traced_transactions(new["trace"], current),
     ]).transform(per_transaction), row_count(), F.min("since").alias("since"))  # fmt: skip
     # No stored half or commit evidence of these transactions is older than `since`, nor than the last run's

@@ -24,7 +24,7 @@ from transforms.anomalies import (
 )
 from transforms.frames import kept_with_ranges, ranges, within
 from transforms.lifecycle import Rules, facts, lifecycle, resolutions, resolved_offsets
-from transforms.scope import facts_of, from_since, per_transaction, touched_transactions
+from transforms.scope import event_transactions, facts_of, from_since, per_transaction, touched_transactions
 from transforms.trace import answered
 
 pytestmark = pytest.mark.spark
@@ -325,7 +325,8 @@ def test_recomputed_transactions_read_their_facts_since_the_earliest_stored_one_
     no_reals = spark.createDataFrame([], REAL)
     stored_life = build(spark, before, [("b", 0, 0, 60, "3")], [], 280)
     every, new = spark.createDataFrame(before + late, HALF), spark.createDataFrame(late, HALF)
-    touched = per_transaction(touched_transactions(new, ops.limit(0), no_reals, every, stored_life))
+    events = event_transactions(new, ops.limit(0), no_reals, every)
+    touched = per_transaction(touched_transactions(events, stored_life))
     assert sorted(map(tuple, touched.collect())) == [("b", "t1", 200), ("b", "t2", 250)]  # t2 is open
     since = min(281, *(r["since"] for r in touched.collect()))
     halves = from_since(every, new, since)

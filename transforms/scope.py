@@ -28,20 +28,22 @@ from transforms.lifecycle import (
 )
 
 
-def touched_transactions(
-    new_half: DataFrame, new_op: DataFrame, new_real: DataFrame, half_df: DataFrame, lifecycle_df: DataFrame
-) -> DataFrame:
-    """(broker_name, uniq_key, since) of every transaction to recompute, once or more (`per_transaction` makes them
-    one): new copies, commits or discard evidence; copies that a new op lists; and the open rows of the
-    current lifecycle. `since` is when its stored facts begin (`stored_since`), null for a transaction the
-    lifecycle does not hold yet."""
+def event_transactions(new_half: DataFrame, new_op: DataFrame, new_real: DataFrame, half_df: DataFrame) -> DataFrame:
+    """(broker_name, uniq_key) of the transactions new events touch: new copies, commits or discard evidence,
+    and copies that a new op lists."""
     listed = op_offsets(new_op).select(*LOOKUP).distinct()
     evidence = is_commit() | ((F.col("topic") == DISCARD_TOPIC) & F.col("uniq_key").isNotNull())
-    events = union_all([
+    return union_all([
         new_half.select(*ID),
         new_real.where(evidence).select(*ID),
         copy_lookups(half_df).join(F.broadcast(listed), on=LOOKUP, how="left_semi").select(*ID),
     ]).distinct()  # fmt: skip
+
+
+def touched_transactions(events: DataFrame, lifecycle_df: DataFrame) -> DataFrame:
+    """(broker_name, uniq_key, since) of every transaction to recompute, once or more (`per_transaction` makes
+    them one): those new events touch (`event_transactions`) and the open rows of the current lifecycle.
+    `since` is when its stored facts begin (`stored_since`), null for one the lifecycle does not hold yet."""
     # One pass over the lifecycle finds both the open rows and when the stored facts of the others begin.
     stored = lifecycle_df.join(F.broadcast(events.withColumn("_event", F.lit(True))), on=ID, how="left")
     stored = stored.where(open_transactions() | F.col("_event")).select(*ID, stored_since())
