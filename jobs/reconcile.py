@@ -403,15 +403,13 @@ def incremental(
     listed = within(half, ranges(listed_copies(new["op"]), BRONZE["half"].key))
     # Checkpointed (kept by the executors, lineage cut): small, used in many places, and every later plan
     # stays short; a plan that repeats a cached part's whole lineage in each use can fill the heap.
-    events = kept(event_transactions(new["half"], new["op"], new["real"], listed))[0]  # read twice below
+    events = kept(event_transactions(new["half"], new["op"], new["real"], listed))[0]  # read twice next
     keys, touched = kept(union_all([
         touched_transactions(events, current),
         traced_transactions(new["trace"], current),
     ]).transform(per_transaction), row_count(), F.min("since").alias("since"))  # fmt: skip
-    # No stored half or commit evidence of these transactions is older than `since`, nor than the last run's
-    # as_of for the ones it had not seen: their facts are read from then on (and from the rows landed late).
-    unseen = last["as_of"] + 1
-    since = unseen if touched["since"] is None else min(unseen, touched["since"])
+    # No half copy or commit evidence of these transactions, stored or new, is older than `since`.
+    since = as_of + 1 if touched["since"] is None else touched["since"]
     queues, queued = kept(touched_queues(new["offset"]), row_count())
     n_keys, n_queues = touched["rows"], queued["rows"]
     _progress("%d transactions and %d queues to recompute", n_keys, n_queues)
@@ -449,7 +447,7 @@ def incremental(
     # Independent parts run side by side, in a thread of their own, so that their jobs share the cores (most of a
     # small job is the driver's): the lifecycle beside the group rules, the deliveries beside the merges.
     with ThreadPoolExecutor(1, "reconcile") as pool:
-        facts_df = facts_of(keys, from_since(half, new["half"], since), op, from_since(real, new["real"], since))
+        facts_df = facts_of(keys, from_since(half, since), op, from_since(real, since))
         lives = pool.submit(lambda: kept(facts_df.transform(lifecycle(as_of, rules)), F.min("born_ts").alias("born")))
         commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).localCheckpoint()
         untouched = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")

@@ -311,31 +311,25 @@ def test_within_the_ranges_of_some_keys_a_join_on_them_keeps_the_same_rows(spark
     assert within(table, nothing).count() == 0
 
 
-def test_recomputed_transactions_read_their_facts_since_the_earliest_stored_one_and_what_landed_late(
-    spark: SparkSession,
-) -> None:
-    """An incremental run reads the halves and commits of the transactions it recomputes from the earliest
-    stored fact among them on, plus the rows new to it that were stored before that: a transaction's
-    original half landing after its check copy still counts, and the lifecycle equals a recompute from all
-    of bronze."""
+def test_recomputed_transactions_read_their_facts_from_the_earliest_one_stored_or_new(spark: SparkSession) -> None:
+    """An incremental run reads the halves and commits of the transactions it recomputes from the earliest of
+    their facts on, stored or new: a transaction's original half landing after its check copy still counts,
+    and the lifecycle equals a recompute from all of bronze."""
     before = [half("t1", 1, 200, checks=1), half("t2", 2, 250), half("t0", 3, 50)]  # the last run's bronze
     late = [half("t1", 0, 100)]  # t1's original, stored before its check copy and landed after it
     ops = op_rows(spark, [("b", 0, 0, 60, "3")])  # t0 rolled back: final, not recomputed
-    reals = spark.createDataFrame([commit("t2", 0, 300, 200)], REAL)
-    no_reals = spark.createDataFrame([], REAL)
+    reals = spark.createDataFrame([commit("t2", 0, 300, 200)], REAL)  # new: t2's commit
     stored_life = build(spark, before, [("b", 0, 0, 60, "3")], [], 280)
     every, new = spark.createDataFrame(before + late, HALF), spark.createDataFrame(late, HALF)
-    events = event_transactions(new, ops.limit(0), no_reals, every)
+    events = event_transactions(new, ops.limit(0), reals, every)
     touched = per_transaction(touched_transactions(events, stored_life))
-    assert sorted(map(tuple, touched.collect())) == [("b", "t1", 200), ("b", "t2", 250)]  # t2 is open
-    since = min(281, *(r["since"] for r in touched.collect()))
-    halves = from_since(every, new, since)
+    assert sorted(map(tuple, touched.collect())) == [("b", "t1", 100), ("b", "t2", 250)]
+    since = min(r["since"] for r in touched.collect())
+    halves = from_since(every, since)
     assert sorted((r["uniq_key"], r["store_timestamp"]) for r in halves.collect()) == [
-        ("t1", 100),
-        ("t1", 200),
-        ("t2", 250),
-    ]  # t0 is older than every recomputed transaction; t1's original is there only as a row landed late
-    recomputed = facts_of(touched, halves, ops, from_since(reals, no_reals, since)).transform(lifecycle(400, RULES))
+        ("t1", 100), ("t1", 200), ("t2", 250)
+    ]  # fmt: skip
+    recomputed = facts_of(touched, halves, ops, from_since(reals, since)).transform(lifecycle(400, RULES))
     whole = facts(every, resolutions(every, resolved_offsets(ops)), reals).transform(lifecycle(400, RULES))
     assert_df_equality(recomputed, whole.where("uniq_key <> 't0'"), ignore_row_order=True, ignore_nullable=True)
     assert recomputed.where("uniq_key = 't1'").first()["copies"] == 2  # type: ignore[index]

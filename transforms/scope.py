@@ -29,25 +29,28 @@ from transforms.lifecycle import (
 
 
 def event_transactions(new_half: DataFrame, new_op: DataFrame, new_real: DataFrame, half_df: DataFrame) -> DataFrame:
-    """(broker_name, uniq_key) of the transactions new events touch: new copies, commits or discard evidence,
-    and copies that a new op lists."""
+    """(broker_name, uniq_key, since) of the transactions new events touch: new copies, commits or discard
+    evidence, and copies that a new op lists. `since` is when the earliest of its new copies and evidence was
+    stored (null when it has none: a copy an op lists is stored already)."""
     listed = op_offsets(new_op).select(*LOOKUP).distinct()
     evidence = is_commit() | ((F.col("topic") == DISCARD_TOPIC) & F.col("uniq_key").isNotNull())
-    return union_all([
-        new_half.select(*ID),
-        new_real.where(evidence).select(*ID),
-        copy_lookups(half_df).join(F.broadcast(listed), on=LOOKUP, how="left_semi").select(*ID),
-    ]).distinct()  # fmt: skip
+    stored = F.col("store_timestamp").alias("since")
+    return per_transaction(union_all([
+        new_half.select(*ID, stored),
+        new_real.where(evidence).select(*ID, stored),
+        copy_lookups(half_df).join(F.broadcast(listed), on=LOOKUP, how="left_semi")
+        .select(*ID, F.lit(None).cast("long").alias("since")),
+    ]))  # fmt: skip
 
 
 def touched_transactions(events: DataFrame, lifecycle_df: DataFrame) -> DataFrame:
     """(broker_name, uniq_key, since) of every transaction to recompute, once or more (`per_transaction` makes
     them one): those new events touch (`event_transactions`) and the open rows of the current lifecycle.
-    `since` is when its stored facts begin (`stored_since`), null for one the lifecycle does not hold yet."""
+    No half copy or commit evidence of one, stored or new, is older than its `since`."""
     # One pass over the lifecycle finds both the open rows and when the stored facts of the others begin.
-    stored = lifecycle_df.join(F.broadcast(events.withColumn("_event", F.lit(True))), on=ID, how="left")
+    stored = lifecycle_df.join(F.broadcast(events.select(*ID, F.lit(True).alias("_event"))), on=ID, how="left")
     stored = stored.where(open_transactions() | F.col("_event")).select(*ID, stored_since())
-    return union_all([events.withColumn("since", F.lit(None).cast("long")), stored])
+    return union_all([events, stored])
 
 
 def traced_transactions(new_trace: DataFrame, lifecycle_df: DataFrame) -> DataFrame:
@@ -68,12 +71,11 @@ def stored_since() -> Column:
     return F.least("first_copy_ts", "first_commit_ts", "discard_ts").alias("since")
 
 
-def from_since(df: DataFrame, new_df: DataFrame, since: int) -> DataFrame:
-    """The rows of a bronze stream (half or real, `df`) that the facts of transactions none of whose stored
-    facts is older than `since` can come from: those stored since then (Delta reads only the files that can
-    hold them) and the rows new to this run stored before it (landed late). `new_df` is `df`'s new rows."""
-    ts = F.col("store_timestamp")
-    return df.where(ts >= since).unionByName(new_df.where(ts < since))
+def from_since(df: DataFrame, since: int) -> DataFrame:
+    """The rows of a bronze stream (half or real) stored at `since` or later: with `since` the least of some
+    transactions' (`touched_transactions`), all their facts can come from, and Delta reads only the files
+    that can hold them."""
+    return df.where(F.col("store_timestamp") >= since)
 
 
 def touched_queues(new_offset: DataFrame) -> DataFrame:
