@@ -409,7 +409,7 @@ def incremental(
         traced_transactions(new["trace"], current),
     ]).transform(per_transaction), row_count(), F.min("since").alias("since"))  # fmt: skip
     # No half copy or commit evidence of these transactions, stored or new, is older than `since`.
-    since = as_of + 1 if touched["since"] is None else touched["since"]
+    since = touched["since"]
     queues, queued = kept(touched_queues(new["offset"]), row_count())
     n_keys, n_queues = touched["rows"], queued["rows"]
     _progress("%d transactions and %d queues to recompute", n_keys, n_queues)

@@ -71,11 +71,11 @@ def stored_since() -> Column:
     return F.least("first_copy_ts", "first_commit_ts", "discard_ts").alias("since")
 
 
-def from_since(df: DataFrame, since: int) -> DataFrame:
+def from_since(df: DataFrame, since: int | None) -> DataFrame:
     """The rows of a bronze stream (half or real) stored at `since` or later: with `since` the least of some
     transactions' (`touched_transactions`), all their facts can come from, and Delta reads only the files
-    that can hold them."""
-    return df.where(F.col("store_timestamp") >= since)
+    that can hold them. No `since` (no transaction has one): every row."""
+    return df if since is None else df.where(F.col("store_timestamp") >= since)
 
 
 def touched_queues(new_offset: DataFrame) -> DataFrame:
