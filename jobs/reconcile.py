@@ -73,9 +73,9 @@ from transforms.scope import (
     facts_of,
     from_since,
     per_transaction,
+    stored_transactions,
     touched_queues,
-    touched_transactions,
-    traced_transactions,
+    traced_keys,
 )
 from transforms.topology import (
     COLUMNS,
@@ -403,11 +403,12 @@ def incremental(
     listed = within(half, ranges(listed_copies(new["op"]), BRONZE["half"].key))
     # Checkpointed (kept by the executors, lineage cut): small, used in many places, and every later plan
     # stays short; a plan that repeats a cached part's whole lineage in each use can fill the heap.
-    events = kept(event_transactions(new["half"], new["op"], new["real"], listed))[0]  # read twice next
-    keys, touched = kept(union_all([
-        touched_transactions(events, current),
-        traced_transactions(new["trace"], current),
-    ]).transform(per_transaction), row_count(), F.min("since").alias("since"))  # fmt: skip
+    # One after another, so that no query reads another's checkpoint twice: one that joined and stacked the same
+    # checkpoint failed to plan in a serve run with a trace (NoSuchElementException: key not found).
+    events = kept(event_transactions(new["half"], new["op"], new["real"], listed))[0]
+    stored = kept(stored_transactions(events, traced_keys(new["trace"]), current))[0]
+    keys, touched = kept(union_all([events, stored]).transform(per_transaction), row_count(),
+                         F.min("since").alias("since"))  # fmt: skip
     # No half copy or commit evidence of these transactions, stored or new, is older than `since`.
     since = touched["since"]
     queues, queued = kept(touched_queues(new["offset"]), row_count())

@@ -43,25 +43,26 @@ def event_transactions(new_half: DataFrame, new_op: DataFrame, new_real: DataFra
     ]))  # fmt: skip
 
 
-def touched_transactions(events: DataFrame, lifecycle_df: DataFrame) -> DataFrame:
-    """(broker_name, uniq_key, since) of every transaction to recompute, once or more (`per_transaction` makes
-    them one): those new events touch (`event_transactions`) and the open rows of the current lifecycle.
-    No half copy or commit evidence of one, stored or new, is older than its `since`."""
-    # One pass over the lifecycle finds both the open rows and when the stored facts of the others begin.
-    stored = lifecycle_df.join(F.broadcast(events.select(*ID, F.lit(True).alias("_event"))), on=ID, how="left")
-    stored = stored.where(open_transactions() | F.col("_event")).select(*ID, stored_since())
-    return union_all([events, stored])
+def stored_transactions(events: DataFrame, traced: DataFrame, lifecycle_df: DataFrame) -> DataFrame:
+    """(broker_name, uniq_key, since) of the current lifecycle's rows to recompute, in one pass over it: the
+    open ones, those new events touch (`event_transactions`) and those a newly landed trace names
+    (`traced_keys`). `since` is when its stored facts begin (`stored_since`)."""
+    marked = (
+        lifecycle_df.join(F.broadcast(events.select(*ID, F.lit(True).alias("_event"))), on=ID, how="left")
+        .join(F.broadcast(traced.select("uniq_key", F.lit(True).alias("_traced"))), on="uniq_key", how="left")
+    )  # fmt: skip
+    return marked.where(open_transactions() | F.col("_event") | F.col("_traced")).select(*ID, stored_since())
 
 
-def traced_transactions(new_trace: DataFrame, lifecycle_df: DataFrame) -> DataFrame:
-    """(broker_name, uniq_key, since) of the transactions a newly landed send or end-request trace names: a
-    trace message can be stored, or collected, long after the transaction it tells of."""
-    keys = new_trace.where(F.col("trace_type").isin("Pub", "EndTransaction")).select("uniq_key").distinct()
-    return lifecycle_df.join(F.broadcast(keys), on="uniq_key", how="left_semi").select(*ID, stored_since())
+def traced_keys(new_trace: DataFrame) -> DataFrame:
+    """The uniq_keys a newly landed send or end-request trace names: a trace message can be stored, or
+    collected, long after the transaction it tells of."""
+    return new_trace.where(F.col("trace_type").isin("Pub", "EndTransaction")).select("uniq_key").distinct()
 
 
 def per_transaction(touched: DataFrame) -> DataFrame:
-    """Touched transactions (`touched_transactions`, `traced_transactions`), one row each."""
+    """Transactions to recompute (`event_transactions`, `stored_transactions`), one row each, with the
+    least `since`: no half copy or commit evidence of one, stored or new, is older."""
     return touched.groupBy(*ID).agg(F.min("since").alias("since"))
 
 
@@ -73,7 +74,7 @@ def stored_since() -> Column:
 
 def from_since(df: DataFrame, since: int | None) -> DataFrame:
     """The rows of a bronze stream (half or real) stored at `since` or later: with `since` the least of some
-    transactions' (`touched_transactions`), all their facts can come from, and Delta reads only the files
+    transactions' (`per_transaction`), all their facts can come from, and Delta reads only the files
     that can hold them. No `since` (no transaction has one): every row."""
     return df if since is None else df.where(F.col("store_timestamp") >= since)
 
