@@ -65,8 +65,8 @@ PARQUET_SUFFIXES = (".parquet",)
 SMALL_BATCH_BYTES = 64 * 1024 * 1024  # up to about a million keys to broadcast (Parquet; fewer as JSON)
 BROADCAST_KEYS = 250_000  # key facts up to this many rows (some tens of MiB) go to every task
 # Bronze files hold at most this many rows, in the order of the table's clustering (broker, then time): a
-# lookup by time or by key range (queue offsets grow with time) then reads the few files that can hold it.
-# A large backfill written as two files of half a million rows each was read whole by every such lookup.
+# lookup of a stretch of store time reads the few files that hold it. A large backfill written as two files
+# of half a million rows each was read whole by every such lookup.
 FILE_ROWS = 100_000
 FATES = (INSERT, DUPLICATE, QUARANTINED)
 

@@ -68,15 +68,7 @@ from transforms.lifecycle import (
     resolved_offsets,
     up_to,
 )
-from transforms.scope import (
-    event_transactions,
-    facts_of,
-    from_since,
-    per_transaction,
-    stored_transactions,
-    touched_queues,
-    traced_keys,
-)
+from transforms.scope import facts_of, touched_queues, touched_transactions, traced_transactions
 from transforms.topology import (
     COLUMNS,
     TOPOLOGY_TYPES,
@@ -403,14 +395,10 @@ def incremental(
     listed = within(half, ranges(listed_copies(new["op"]), BRONZE["half"].key))
     # Checkpointed (kept by the executors, lineage cut): small, used in many places, and every later plan
     # stays short; a plan that repeats a cached part's whole lineage in each use can fill the heap.
-    # One after another, so that no query reads another's checkpoint twice: one that joined and stacked the same
-    # checkpoint failed to plan in a serve run with a trace (NoSuchElementException: key not found).
-    events = kept(event_transactions(new["half"], new["op"], new["real"], listed))[0]
-    stored = kept(stored_transactions(events, traced_keys(new["trace"]), current))[0]
-    keys, touched = kept(union_all([events, stored]).transform(per_transaction), row_count(),
-                         F.min("since").alias("since"))  # fmt: skip
-    # No half copy or commit evidence of these transactions, stored or new, is older than `since`.
-    since = touched["since"]
+    keys, touched = kept(union_all([
+        touched_transactions(new["half"], new["op"], new["real"], listed, current),
+        traced_transactions(new["trace"], current),
+    ]).distinct(), row_count())  # fmt: skip
     queues, queued = kept(touched_queues(new["offset"]), row_count())
     n_keys, n_queues = touched["rows"], queued["rows"]
     _progress("%d transactions and %d queues to recompute", n_keys, n_queues)
@@ -448,8 +436,8 @@ def incremental(
     # Independent parts run side by side, in a thread of their own, so that their jobs share the cores (most of a
     # small job is the driver's): the lifecycle beside the group rules, the deliveries beside the merges.
     with ThreadPoolExecutor(1, "reconcile") as pool:
-        facts_df = facts_of(keys, from_since(half, since), op, from_since(real, since))
-        lives = pool.submit(lambda: kept(facts_df.transform(lifecycle(as_of, rules)), F.min("born_ts").alias("born")))
+        lives = pool.submit(lambda: kept(facts_of(keys, half, op, real).transform(lifecycle(as_of, rules)),
+                                         F.min("born_ts").alias("born")))  # fmt: skip
         commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).localCheckpoint()
         untouched = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
         every_commit = union_all([untouched.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])

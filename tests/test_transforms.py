@@ -22,9 +22,8 @@ from transforms.anomalies import (
     rechecked_after_resolution,
     stuck_half,
 )
-from transforms.frames import kept_with_ranges, ranges, union_all, within
+from transforms.frames import kept_with_ranges, ranges, within
 from transforms.lifecycle import Rules, facts, lifecycle, resolutions, resolved_offsets
-from transforms.scope import event_transactions, facts_of, from_since, per_transaction, stored_transactions, traced_keys
 from transforms.trace import answered
 
 pytestmark = pytest.mark.spark
@@ -309,31 +308,3 @@ def test_within_the_ranges_of_some_keys_a_join_on_them_keeps_the_same_rows(spark
     nothing = ranges(keys.where("queue_offset < 0"), key)
     assert nothing == dict.fromkeys(key, (None, None)) == kept_with_ranges(keys.where("queue_offset < 0"), key)[1]
     assert within(table, nothing).count() == 0
-
-
-def test_recomputed_transactions_read_their_facts_from_the_earliest_one_stored_or_new(spark: SparkSession) -> None:
-    """An incremental run reads the halves and commits of the transactions it recomputes from the earliest of
-    their facts on, stored or new: a transaction's original half landing after its check copy still counts, a
-    final one a late trace names is recomputed too, and the lifecycle equals a recompute from all of bronze."""
-    before = [half("t1", 1, 200, checks=1), half("t2", 2, 250), half("t0", 3, 50), half("t3", 4, 150)]
-    late = [half("t1", 0, 100)]  # t1's original, stored before its check copy and landed after it
-    op_list = [("b", 0, 0, 60, "3"), ("b", 0, 1, 170, "4")]  # t0 rolled back, t3 resolved: both final
-    ops, stored_reals = op_rows(spark, op_list), [commit("t3", 0, 160, 400)]
-    new_reals = spark.createDataFrame([commit("t2", 1, 300, 200)], REAL)  # t2's commit
-    reals = spark.createDataFrame(stored_reals, REAL).unionByName(new_reals)
-    stored_life = build(spark, before, op_list, stored_reals, 280)
-    every, new = spark.createDataFrame(before + late, HALF), spark.createDataFrame(late, HALF)
-    events = event_transactions(new, ops.limit(0), new_reals, every)
-    traced = spark.createDataFrame([("t3", "Pub")], "uniq_key string, trace_type string")  # a send traced late
-    stored = stored_transactions(events, traced_keys(traced), stored_life)
-    touched = per_transaction(union_all([events, stored]))
-    assert sorted(map(tuple, touched.collect())) == [("b", "t1", 100), ("b", "t2", 250), ("b", "t3", 150)]
-    since = min(r["since"] for r in touched.collect())
-    halves = from_since(every, since)
-    assert sorted((r["uniq_key"], r["store_timestamp"]) for r in halves.collect()) == [
-        ("t1", 100), ("t1", 200), ("t2", 250), ("t3", 150)
-    ]  # fmt: skip  # t0 is older than every recomputed transaction's facts
-    recomputed = facts_of(touched, halves, ops, from_since(reals, since)).transform(lifecycle(400, RULES))
-    whole = facts(every, resolutions(every, resolved_offsets(ops)), reals).transform(lifecycle(400, RULES))
-    assert_df_equality(recomputed, whole.where("uniq_key <> 't0'"), ignore_row_order=True, ignore_nullable=True)
-    assert recomputed.where("uniq_key = 't1'").first()["copies"] == 2  # type: ignore[index]
