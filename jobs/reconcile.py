@@ -404,7 +404,9 @@ def incremental(
     _progress("%d transactions and %d queues to recompute", n_keys, n_queues)
     if n_keys > FULL_ABOVE_KEYS and n_keys > FULL_ABOVE_SHARE * current.count():
         return None
-    commits_then = _as_left(spark, config, OFFSET_COMMITS, last)
+    # Kept: every group rule and the deliveries read the commits, and planning a query that scans a table with
+    # deletion vectors runs a Spark job to look for them, per scan and again at each adaptive re-plan.
+    commits_then = _as_left(spark, config, OFFSET_COMMITS, last).localCheckpoint()
     snapshots = snapshots_up_to(bronze.frames, as_of)
     copies = bronze.frames["copy"]
 

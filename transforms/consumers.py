@@ -127,10 +127,18 @@ def _as_of(probes: DataFrame, events: DataFrame, keys: list[str], value: str, or
     return both.withColumn(value, F.last(value, ignorenulls=True).over(w)).where("_probe = 1").drop("_probe", *order)
 
 
+def probed(real_df: DataFrame, probes: DataFrame, on: Sequence[str] = QUEUE) -> DataFrame:
+    """The messages of the queues (or other keys) `probes` asks about, before anything aggregates or orders them:
+    probes are few (snapshots, findings), messages many, and when there are no probes Spark drops the scan once
+    the broadcast keys turn out empty."""
+    return real_df.join(F.broadcast(probes.select(*on).distinct()), on=list(on), how="left_semi")
+
+
 def queue_state(probes: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame) -> DataFrame:
     """Probes (consumer_group, snapshot_ts, queue, ...) with `stored` (messages stored by then: the end
     offset), `committed` (the group's committed offset by then, else the queue's first stored offset)."""
     probes = probes.withColumn("t", F.col("snapshot_ts"))
+    real_df = probed(real_df, probes)
     ends = real_df.groupBy(*QUEUE, F.col("store_timestamp").alias("t")).agg((F.max("queue_offset") + 1).alias("stored"))
     firsts = real_df.groupBy(*QUEUE).agg(F.min("queue_offset").alias("first"))
     commits = offset_commits_df.select(
@@ -151,7 +159,7 @@ def stranded_queues(consumer_df: DataFrame, offset_commits_df: DataFrame, real_d
     since, until, ongoing."""
     snaps = snapshots(consumer_df)
     topics = members(consumer_df).select(*SNAP, F.explode("topics").alias("topic")).distinct()
-    queues = real_df.select(*QUEUE).distinct()
+    queues = probed(real_df, topics, ["topic"]).select(*QUEUE).distinct()
     candidates = topics.join(queues, on="topic").join(holders(consumer_df), on=[*SNAP, *QUEUE], how="left_anti")
     state = queue_state(candidates, offset_commits_df, real_df)
     stranded = state.where(F.col("stored") > F.col("committed")).join(snaps, on=SNAP)
@@ -373,7 +381,7 @@ def _before_first(every: DataFrame, at: DataFrame, offset_commits_df: DataFrame,
         .join(first, on=["consumer_group", "next_ts"])
         .groupBy("consumer_group", "next_ts", "latest", *QUEUE).agg(F.collect_set("config").alias("configs"))
     )  # fmt: skip
-    firsts = real_df.groupBy(*QUEUE).agg(F.min("queue_offset").alias("c0"))
+    firsts = probed(real_df, configs).groupBy(*QUEUE).agg(F.min("queue_offset").alias("c0"))
     commits = offset_commits_df.join(F.broadcast(first.select("consumer_group", "next_ts")), on="consumer_group")
     upto = commits.where(F.col("commit_timestamp") <= F.col("next_ts")).join(firsts, on=QUEUE, how="left")
     # Of the commits up to the first snapshot: the first, the offset as of the last, and when it last moved (the
@@ -466,7 +474,7 @@ def dead_letters(copy_df: DataFrame, real_df: DataFrame, as_of: int) -> DataFram
         F.col("transaction_id").alias("copy_transaction_id"), "transactional")  # fmt: skip
     first = Window.partitionBy("topic", "uniq_key").orderBy("store_timestamp", "origin_broker", "queue_id")
     originals = (
-        real_df.where(F.col("uniq_key").isNotNull())
+        probed(real_df.where(F.col("uniq_key").isNotNull()), dead, ["topic", "uniq_key"])
         .select("topic", "uniq_key", "queue_id", F.col("queue_offset").alias("origin_queue_offset"),
                 F.col("broker_name").alias("origin_broker"), "transaction_id", "store_timestamp")
         .withColumn("_n", F.row_number().over(first)).where("_n = 1").drop("_n", "store_timestamp")
