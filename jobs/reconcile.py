@@ -405,7 +405,7 @@ def incremental(
     if n_keys > FULL_ABOVE_KEYS and n_keys > FULL_ABOVE_SHARE * current.count():
         return None
     # Kept: every group rule and the deliveries read the commits, and planning a query that scans a table with
-    # deletion vectors runs a Spark job to look for them, per scan and again at each adaptive re-plan.
+    # deletion vectors runs a Spark job per scan to look for them (while it finds none, again at each re-plan).
     commits_then = _as_left(spark, config, OFFSET_COMMITS, last).localCheckpoint()
     snapshots = snapshots_up_to(bronze.frames, as_of)
     copies = bronze.frames["copy"]
