@@ -135,7 +135,8 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
     served = Served(landing, conf, warehouse, log, processes)
     wait_for(lambda: bool(served.cycles()), 300, "a first cycle")
     assert served.cycles()[0] == "ok", served.text()[-3000:]
-    assert served.get("/healthz") == (200, served.get("/healthz")[1]) and served.get("/healthz")[1].startswith("ok")
+    status, health = served.get("/healthz")
+    assert status == 200 and health.startswith("ok: last good cycle"), health
     status, page = served.get("/")
     assert status == 200 and "<html" in page.lower()
     findings = metric(served.get("/metrics")[1], "txn_recon_findings")
