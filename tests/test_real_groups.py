@@ -144,6 +144,10 @@ def _play(rmq: RocketMQ, classes: Path, collector: Collector, landing: Path, hom
     conflict = start_driver(classes, "conflict", rmq.namesrv, root / "conflict.jsonl", str(CONFLICT_S),
                             home=home, name="conflict")  # fmt: skip
     procs.append(conflict)
+    # Snapshots from the members' start until 5 s before they stop, timed from the driver's own line: its JVM
+    # and producer take many seconds to start on a starved machine, and the conflict must show for longer
+    # than STRANDED_AFTER_MS.
+    wait_for(lambda: done(root / "conflict.jsonl", "members"), "the conflict's members")
     started = time.monotonic()
     sent = False
     while time.monotonic() - started < CONFLICT_S - 5:

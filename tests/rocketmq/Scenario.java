@@ -50,6 +50,7 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  * java Scenario bulk  NAMESRV OUT COUNT                         COUNT plain messages to BulkTopic, in batches
  * java Scenario conflict NAMESRV OUT SECONDS                    group CG_CONFLICT: one member on TopicA, one on
  *                                                                TopicB (the classic mistake), kept SECONDS
+ *                                                                from a line "members" once both started
  * java Scenario member NAMESRV OUT GROUP TOPIC NAME PERSIST_MS  one member of GROUP on TOPIC, persisting its
  *                                                                offsets every PERSIST_MS, until it is killed or
  *                                                                its stdin closes; every message it consumes is
@@ -418,6 +419,8 @@ public final class Scenario {
             c.start();
             members.add(c);
         }
+        out.println("{\"kind\":\"members\"}");  // the phase runs `seconds` from here
+        out.flush();
         Thread.sleep(seconds * 1000L);
         out.println("{\"kind\":\"conflict\",\"sent\":" + json(sent) + ",\"consumed\":" + json(seen) + "}");
         for (DefaultMQPushConsumer c : members) {
