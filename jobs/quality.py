@@ -86,7 +86,8 @@ REFERENCES = {
     "commit_references": ("real", commit_references,
                           lambda df: ranges(prepared_halves(df), ["broker_name", "commit_log_offset"])),
 }  # fmt: skip
-REFERENCED = {BRONZE[stream].name for stream, _, _ in REFERENCES.values()}  # the suites of those streams' tables
+# The tables whose batches a cross view reads again: those of the reference views' streams, and anomalies.
+REREAD = {BRONZE[stream].name for stream, _, _ in REFERENCES.values()} | {ANOMALIES.name}
 # A batch up to this many rows is validated in the driver by GE's pandas engine: the same expectations,
 # without the Spark jobs GE runs per metric, which cost a second or more per suite on a batch of any size
 # (a serve cycle's batches are a few thousand rows). A larger one stays in Spark.
@@ -231,14 +232,15 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
         )
         # Read here, once: change data that is missing fails only when it is read, and GE reads a batch often.
         # Only the rows that can share a key with a changed one are looked at: the table's recent files as a rule.
+        bounded_by = suite.key or suite.bounded_by
         changed, bounds = kept_with_ranges(
-            changes.where(F.col("_change_type").isin("insert", "update_postimage")).drop(*CDF_COLUMNS), suite.key
+            changes.where(F.col("_change_type").isin("insert", "update_postimage")).drop(*CDF_COLUMNS), bounded_by
         )
-        candidates = within(snapshot, bounds) if suite.key else snapshot
+        candidates = within(snapshot, bounds) if bounded_by else snapshot
         rows = changed_rows(candidates, changed, suite.key)
-        # A batch a reference view checks is read three times (GE's, the view's lookup ranges, the view's
-        # join): kept, the candidates are looked among once (all of a table whose keys the ranges do not narrow).
-        return Batch(suite, kept(rows)[0] if suite.name in REFERENCED else rows, version, "incremental")
+        # A batch a cross view checks is read again (a reference view reads it twice more: its lookup ranges and
+        # its join): kept, the candidates are looked among once (all of a table whose keys the ranges do not narrow).
+        return Batch(suite, kept(rows)[0] if suite.name in REREAD else rows, version, "incremental")
     except AnalysisException as e:  # change data no longer kept (VACUUM) or never recorded
         log.info("  %s: no change data since version %d (%s); validating it whole", table, previous, first_line(e))
         return Batch(suite, snapshot, version, "full")
@@ -249,7 +251,8 @@ def _cross_batches(
 ) -> list[Batch]:
     """The cross views over this run's tables. A reference breaks only when an op or a commit arrives (a half
     arriving later can only mend one), so the reference views check the ops and commits this run validates
-    (all of them on a first run) against every half, and are skipped when none arrived."""
+    (all of them on a first run) against every half, and are skipped when none arrived. A group finding is
+    checked by itself alone: those this run validates in anomalies, none when it validates none."""
     names = {s: config.table(BRONZE[s].name) for s in BRONZE} | {
         "lifecycle": config.table(TXN_LIFECYCLE.name),
         "offset_commits": config.table(OFFSET_COMMITS.name),
@@ -260,7 +263,7 @@ def _cross_batches(
         return []
     t = {k: spark.table(v) for k, v in names.items()}
     as_of = latest_as_of(spark, config)
-    views = {"group_findings": (group_findings(t["anomalies"]), "full")}
+    views: dict[str, tuple[DataFrame, str]] = {}
     for name, (stream, view, looked_up) in REFERENCES.items():
         arrived = validated.get(BRONZE[stream].name)
         if arrived is None:
@@ -269,6 +272,11 @@ def _cross_batches(
             # The halves the arrived rows can name: in the recent files of half_events as a rule.
             half = t["half"] if arrived.scope == "full" else within(t["half"], looked_up(arrived.df))
             views[name] = (view(arrived.df, half), arrived.scope)
+    found = validated.get(ANOMALIES.name)
+    if found is None:
+        outcome.skipped.append(("group_findings", f"no new rows in {ANOMALIES.name}"))
+    else:
+        views["group_findings"] = (group_findings(found.df), found.scope)
     if as_of is not None:
         totals = lifecycle_totals(t["lifecycle"], t["offset_commits"], t["half"], t["real"], t["offset"], int(as_of))
         views["lifecycle_totals"] = (totals, "full")

@@ -32,7 +32,7 @@ from jobs.report import gather_quality
 from schemas.bronze import BRONZE
 from schemas.quality import suites
 from tests.test_ingest import fresh_db, ingest, make_landing, op_record
-from transforms.quality import changed_rows
+from transforms.quality import GROUP_COUNTS, changed_rows
 
 NOW = dt.datetime(2026, 11, 21, 3, 0, 0)
 
@@ -154,11 +154,13 @@ def test_clean_data_passes_and_broken_data_fails(
         ("lifecycle_totals", "expect_column_values_to_be_null(problem)"),  # bronze grew, silver did not
     }
     # Silver and gold did not change, so only bronze and the cross views ran; no commit arrived, so the
-    # commit references were not checked again, and the op references only for the op that arrived.
+    # commit references were not checked again, and the op references only for the op that arrived; no
+    # finding changed, so no group finding was checked.
     assert {r["suite"] for r in broken} == {"half_events", "op_events", "offset_events", "op_references",
-                                            "lifecycle_totals", "group_findings"}  # fmt: skip
+                                            "lifecycle_totals"}  # fmt: skip
     assert dangling["element_count"] == 1 and dangling["scope"] == "incremental"
     assert "skipped commit_references: no new rows in real_events" in out
+    assert "skipped group_findings: no new rows in anomalies" in out
     assert "FAILED  half_events" in out and "warning op_references" in out and "Data Docs:" in out
 
     # GE keeps the latest KEPT_RESULTS results per suite for Data Docs (dq_results keeps them all).
@@ -186,18 +188,33 @@ def test_silver_and_gold_are_validated_by_what_changed(spark: SparkSession, conf
     life, found = cfg.table("txn_lifecycle"), cfg.table("anomalies")
     victim, state_was = spark.table(life).orderBy("uniq_key").select("uniq_key", "state").first()  # type: ignore[misc]
     spark.sql(f"UPDATE {life} SET state = 'LIMBO' WHERE uniq_key = '{victim}'")
-    spark.table(found).limit(1).write.insertInto(found)  # a second row under an existing anomaly_id
+    # A second row under an existing anomaly_id, and a group finding without its group (the first is none).
+    not_group = ~F.col("anomaly_type").isin("SUBSCRIPTION_CONFLICT", *GROUP_COUNTS)
+    twin = spark.table(found).where(not_group).orderBy("anomaly_id").limit(1)
+    twin = twin.withColumn("anomaly_type", F.lit("STRANDED_QUEUE"))
+    twin.withColumn("consumer_group", F.lit(None).cast("string")).write.insertInto(found)
+    # A commit of a negative offset: offset_commits has no key, so its rows are looked for by their ranges.
+    commits = cfg.table("offset_commits")
+    spark.table(commits).limit(1).withColumn("offset", F.lit(-1).cast("long")).write.insertInto(commits)
 
     check_quality(spark, cfg, "dq-changes-2", NOW)
     results = _results(spark, cfg, "dq-changes-2")
-    assert {r["suite"] for r in results if r["layer"] in ("silver", "gold")} == {"txn_lifecycle", "anomalies"}
+    assert {r["suite"] for r in results if r["layer"] in ("silver", "gold")} == {
+        "txn_lifecycle", "anomalies", "offset_commits"
+    }  # fmt: skip
     failed = _failed(results)
     state = failed[("txn_lifecycle", "expect_column_values_to_be_in_set(state)")]
     assert (state["scope"], state["element_count"], state["unexpected_count"]) == ("incremental", 1, 1)
     assert "LIMBO" in state["unexpected_sample"]
     twice = failed[("anomalies", "expect_column_values_to_be_unique(anomaly_id)")]
     assert (twice["scope"], twice["element_count"], twice["unexpected_count"]) == ("incremental", 2, 2)
-    assert {k[0] for k in failed} - {"lifecycle_totals"} == {"txn_lifecycle", "anomalies"}
+    groupless = failed[("group_findings", "expect_column_values_to_be_null(problem)")]
+    assert (groupless["scope"], groupless["element_count"], groupless["unexpected_count"]) == ("incremental", 1, 1)
+    assert "no consumer group" in groupless["unexpected_sample"]
+    negative = failed[("offset_commits", "expect_column_values_to_be_between(offset)")]
+    assert (negative["scope"], negative["element_count"], negative["unexpected_count"]) == ("incremental", 1, 1)
+    assert {k[0] for k in failed} - {"lifecycle_totals"} == {"txn_lifecycle", "anomalies", "group_findings",
+                                                             "offset_commits"}  # fmt: skip
     # Each run records what every suite was validated by last; the dashboard shows those runs' results.
     runs = spark.table(cfg.table("quality_runs")).orderBy("finished_at").collect()
     assert [r["run_id"] for r in runs] == ["dq-changes-1", "dq-changes-2"]
