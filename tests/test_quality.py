@@ -32,7 +32,7 @@ from jobs.report import gather_quality
 from schemas.bronze import BRONZE
 from schemas.quality import suites
 from tests.test_ingest import fresh_db, ingest, make_landing, op_record
-from transforms.quality import GROUP_COUNTS, changed_rows
+from transforms.quality import GROUP_FINDINGS, changed_rows
 
 NOW = dt.datetime(2026, 11, 21, 3, 0, 0)
 
@@ -189,8 +189,7 @@ def test_silver_and_gold_are_validated_by_what_changed(spark: SparkSession, conf
     victim, state_was = spark.table(life).orderBy("uniq_key").select("uniq_key", "state").first()  # type: ignore[misc]
     spark.sql(f"UPDATE {life} SET state = 'LIMBO' WHERE uniq_key = '{victim}'")
     # A second row under an existing anomaly_id, and a group finding without its group (the first is none).
-    not_group = ~F.col("anomaly_type").isin("SUBSCRIPTION_CONFLICT", *GROUP_COUNTS)
-    twin = spark.table(found).where(not_group).orderBy("anomaly_id").limit(1)
+    twin = spark.table(found).where(~F.col("anomaly_type").isin(*GROUP_FINDINGS)).orderBy("anomaly_id").limit(1)
     twin = twin.withColumn("anomaly_type", F.lit("STRANDED_QUEUE"))
     twin.withColumn("consumer_group", F.lit(None).cast("string")).write.insertInto(found)
     # A commit of a negative offset: offset_commits has no key, so its rows are looked for by their ranges.

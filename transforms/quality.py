@@ -109,13 +109,14 @@ GROUP_COUNTS = {
     "UNDELIVERED": "at_most",  # messages certainly lost may be 0 where the filters seen disagree
     "DEAD_LETTERED": "reconsume_times",
 }
+GROUP_FINDINGS = ("SUBSCRIPTION_CONFLICT", *GROUP_COUNTS)  # the findings `group_findings` checks
 
 
 def group_findings(anomalies_df: DataFrame) -> DataFrame:
     """One row per consumer-group finding; a problem when it lacks its group, or (a queue finding) its queue,
     or its count (lag, duplicates estimate, messages skipped, possibly undelivered or dead-lettered) is not
     positive."""
-    found = anomalies_df.where(F.col("anomaly_type").isin("SUBSCRIPTION_CONFLICT", *GROUP_COUNTS))
+    found = anomalies_df.where(F.col("anomaly_type").isin(*GROUP_FINDINGS))
     count = F.coalesce(*[F.when(F.col("anomaly_type") == t, F.get_json_object("detail", f"$.{c}").cast("long"))
                          for t, c in GROUP_COUNTS.items()])  # fmt: skip
     queue_type = F.col("anomaly_type") != "SUBSCRIPTION_CONFLICT"
