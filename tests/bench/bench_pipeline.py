@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +60,27 @@ def landing_for(n: int) -> tuple[Path, Path, dict[str, int]]:
     root = ROOT / "landing" / f"bench-{n}"
     counts_file = root / "split.json"
     if not counts_file.exists():
-        split_landing(root, n + n // 100, TAIL_SHARE)
+        split_landing(root, n + n // 100, last_share(TAIL_SHARE))
     return root / "base", root / "tail", json.loads(counts_file.read_text())
 
 
-def split_landing(root: Path, transactions: int, tail_share: float) -> None:
-    """Simulate `transactions` as Parquet, split by event time into root/base and root/tail (the last
-    `tail_share` of events), and write the counts of both to root/split.json."""
+Window = Callable[[dict[str, pa.Table]], tuple[Any, Any]]  # the streams' tables -> (cut, end) in event time
+
+
+def last_share(share: float) -> Window:
+    """The last `share` of all events."""
+
+    def window(tables: dict[str, pa.Table]) -> tuple[Any, Any]:
+        times = pa.chunked_array([c for s, t in tables.items() for c in t.column(TIME[s]).chunks])
+        return pc.quantile(times, q=1 - share, interpolation="lower")[0].as_py(), pc.max(times).as_py()
+
+    return window
+
+
+def split_landing(root: Path, transactions: int, window: Window) -> None:
+    """Simulate `transactions` as Parquet and split it by event time at `window` = (cut, end): root/base
+    holds the events up to the cut, root/tail those after it up to the end (later ones are left out); the
+    counts of both go to root/split.json."""
     shutil.rmtree(root, ignore_errors=True)
     sim = root / "simulated"
     started = time.perf_counter()
@@ -73,12 +88,14 @@ def split_landing(root: Path, transactions: int, tail_share: float) -> None:
                     "parquet"], check=True, capture_output=True)  # fmt: skip
     print(f"simulated {transactions:,} transactions in {time.perf_counter() - started:.0f} s", flush=True)
     tables = {s: pq.read_table(sim / s) for s in TIME}
-    times = pa.chunked_array([c for s, t in tables.items() for c in t.column(TIME[s]).chunks])
-    cut = pc.quantile(times, q=1 - tail_share, interpolation="lower")[0].as_py()
+    cut, end = window(tables)
     counts = {"base": 0, "tail": 0}
     for s, table in tables.items():
-        late = pc.greater(table.column(TIME[s]), cut)
-        for part, rows in (("base", table.filter(pc.invert(late))), ("tail", table.filter(late))):
+        at = table.column(TIME[s])
+        late = pc.greater(at, cut)
+        parts = (("base", pc.invert(late)), ("tail", pc.and_(late, pc.less_equal(at, end))))
+        for part, kept in parts:
+            rows = table.filter(kept)
             (root / part / s).mkdir(parents=True, exist_ok=True)
             pq.write_table(rows, root / part / s / "part-00000.parquet", row_group_size=250_000)
             counts[part] += rows.num_rows

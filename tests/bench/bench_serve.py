@@ -2,8 +2,10 @@
 that already holds N reconciled ones (BENCH_TRANSACTIONS, default "10000 1000000").
 
 For each N the model simulates N + 1,000 transactions of the default profile as Parquet, split by event
-time into `base` and `tail` (the last 1,000 / (N + 1,000) of events, about 1,000 transactions at every N, so
-that the cycles differ only by the warehouse; landing/bench-serve-N+1000, reused when it is there).
+time into `base` and `tail`: the tail is the window in which the last 1,000 transactions arrive, with every
+event of that window (their halves, ops and messages, the answers to older ones, offset commits), the same
+at every N, so that the cycles differ only by the warehouse (landing/bench-serve-N+1000, reused when it is
+there).
 `txn-recon ingest` and `reconcile` make the warehouse from `base`; then `txn-recon serve` starts on it
 with a cycle every 5 s. Its first cycle finds nothing new but, after a start, runs every step once (the
 warm-up); then `tail` lands and the next cycle brings it in. Printed: that cycle's status, seconds per step
@@ -31,7 +33,10 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from tests.bench.bench_pipeline import FLOOR, ROOT, TIME, split_landing
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tests.bench.bench_pipeline import FLOOR, ROOT, TIME, Window, split_landing
 from tests.bench.bench_reconcile import TXN_RECON, _hwm_kib, _tree, timed, timed_job
 
 NEW_TRANSACTIONS = 1_000  # what the measured cycle brings, whatever the warehouse holds
@@ -42,11 +47,29 @@ APPENDED = re.compile(r"floor done, outputs appended \(([\d.]+) s\)")
 FLOOR_JOBS = re.compile(r"floor Spark jobs (\d+)\n.*floor Spark jobs, outputs appended (\d+)", re.S)
 
 
+def arrivals(new: int) -> Window:
+    """The window in which the last `new` transactions arrive: from just before the first half of the
+    `new`-th last transaction to the first half of the last. What a cycle of a cluster in steady traffic
+    brings; the checks and answers after the simulated traffic stops (a drain no running cluster has, and
+    which is nearly all of the last events at 10,000) are left out."""
+
+    def window(tables: dict[str, pa.Table]) -> tuple[int, int]:
+        half = tables["half"]
+        first = half.group_by(["broker_name", "uniq_key"]).aggregate([("store_timestamp", "min")])
+        born = pc.sort_indices(first, sort_keys=[("store_timestamp_min", "ascending")])
+        times = pc.take(first.column("store_timestamp_min"), born)
+        return times[-new - 1].as_py(), times[-1].as_py()
+
+    return window
+
+
 def landing_for(n: int) -> tuple[Path, Path]:
     """landing/bench-serve-N+1000/{base,tail}, simulated and split once."""
     root = ROOT / "landing" / f"bench-serve-{n}+{NEW_TRANSACTIONS}"
-    if not (root / "split.json").exists():
-        split_landing(root, n + NEW_TRANSACTIONS, NEW_TRANSACTIONS / (n + NEW_TRANSACTIONS))
+    split = root / "split.json"
+    if "window" not in (json.loads(split.read_text()) if split.exists() else {}):  # an older split: the last events
+        split_landing(root, n + NEW_TRANSACTIONS, arrivals(NEW_TRANSACTIONS))
+        split.write_text(json.dumps({**json.loads(split.read_text()), "window": "arrivals"}))
     return root / "base", root / "tail"
 
 
