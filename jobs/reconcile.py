@@ -366,7 +366,7 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
     life, commits_df = view[TXN_LIFECYCLE.name].persist(), view[OFFSET_COMMITS.name].persist()
     delivered = view[DELIVERIES.name].persist()  # the consumption trace's findings read them too
     try:
-        merge_anomalies(spark, config, view[ANOMALIES.name], as_of)
+        merge_anomalies(spark, config, view[ANOMALIES.name])
         _progress("anomalies merged")
         _replace(config, OFFSET_COMMITS, commits_df)
         _progress("offset_commits written")
@@ -457,7 +457,7 @@ def incremental(
             if consuming:
                 stored = spark.table(config.table(DELIVERIES.name))
                 found = [*found, consumption(trace, real, stored, whole, as_of)]
-            merge_anomalies(spark, config, union_all(found), as_of, scope=keys)
+            merge_anomalies(spark, config, union_all(found), scope=keys)
             _progress("anomalies merged")
 
         life, seen = lives.result()
@@ -568,15 +568,15 @@ def _merge(
     )  # fmt: skip
 
 
-def merge_anomalies(
-    spark: SparkSession, config: Config, found: DataFrame, as_of: int, scope: DataFrame | None = None
-) -> None:
-    """Upsert by anomaly_id and leave unchanged rows untouched; delete what no longer holds. With `scope`
-    (the recomputed transactions; WHOLE_TYPES and the consumption findings are always recomputed), only rows
-    in scope can go, and the rows outside it take the new as_of, as a full run would give them."""
+def merge_anomalies(spark: SparkSession, config: Config, found: DataFrame, scope: DataFrame | None = None) -> None:
+    """Upsert by anomaly_id; delete what no longer holds. A row found again as it was is left untouched, its
+    as_of that of the run that found it so: a cycle writes the findings that changed, not every finding.
+    With `scope` (the recomputed transactions; WHOLE_TYPES and the consumption findings are always
+    recomputed), only rows in scope can go."""
     table = config.table(ANOMALIES.name)
     columns: dict[str, str | Column] = {c: f"s.{c}" for c in ANOMALIES.names}
-    changed = _changed(ANOMALIES.names[1:])
+    # A run as of an earlier time (a full one) rewrites a row from later: no row is newer than the last run.
+    changed = f"{_changed([c for c in ANOMALIES.names[1:] if c != 'as_of'])} OR t.as_of > s.as_of"
     target = DeltaTable.forName(spark, table).alias("t")
     if scope is None:
         (
@@ -602,7 +602,6 @@ def merge_anomalies(
             .whenMatchedDelete(condition="s._gone")
             .whenMatchedUpdate(condition=changed, set=columns)
             .whenNotMatchedInsert(condition="NOT s._gone", values=columns)
-            .whenNotMatchedBySourceUpdate(condition=f"t.as_of <> {as_of}", set={"as_of": F.lit(as_of)})
             .execute()
         )  # fmt: skip
     finally:

@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 
 from jobs.config import Config
 from jobs.errors import TxnReconError
+from jobs.reconcile import latest_as_of
 from jobs.session import build_session
 from schemas.reconciled import ANOMALIES
 from schemas.truth import truth_key
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     truth, truth_as_of = read_truth(truth_dir)
     spark = build_session(config)
     rows = read_found(spark, config)
-    as_of = rows[0]["as_of"] if rows else None
+    as_of = latest_as_of(spark, config)
     if as_of is not None and as_of != truth_as_of:
         raise TxnReconError(f"the anomalies are as of {as_of} but the truth in {truth_dir} is as of {truth_as_of}; "
                             f"reconcile this landing alone (or with --as-of {truth_as_of}) before scoring")  # fmt: skip

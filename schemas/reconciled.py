@@ -66,7 +66,7 @@ ANOMALIES = Schema(
         Field("topic", "string", nullable=True),
         Field("queue_id", "int", nullable=True),
         Field("event_ts", "long"),
-        Field("as_of", "long"),
+        Field("as_of", "long", doc="the data time of the run that found the row as it is (reconcile_runs.as_of)"),
         Field("detail", "string", doc="a JSON object"),
     ),
     key=("anomaly_id",),

@@ -141,6 +141,11 @@ def test_reconcile_job_scores_perfectly_and_a_rerun_changes_nothing(
     assert main(cli) == 1
     out = capsys.readouterr().out
     assert "STUCK_HALF false negative: ('broker-z', 'NOPE', None)" in out and out.endswith("score: MISMATCH\n")
+    # A truth as of another data time than the last run's cannot be scored against.
+    truth_meta = tmp_path / "_truth/meta.json"
+    truth_meta.write_text(json.dumps({**json.loads(truth_meta.read_text()), "as_of": meta["as_of"] + 1}))
+    assert main(cli) == 2
+    assert f"the anomalies are as of {meta['as_of']} but the truth" in capsys.readouterr().err
 
     # A rerun with nothing new is incremental and writes nothing: Delta commits no version for a merge
     # that changes no row.
