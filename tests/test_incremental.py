@@ -64,8 +64,9 @@ def _as_found(rows: list[Any], before: dict[str, tuple[Any, ...]]) -> dict[str, 
     found = {}
     for r in rows:
         row, prior = tuple(r[c] for c in ANOMALIES.names), before.get(r["anomaly_id"])
-        same = prior is not None and prior[:at] + prior[at + 1 :] == row[:at] + row[at + 1 :]
-        found[r["anomaly_id"]] = prior if same and prior is not None and prior[at] <= row[at] else row
+        if prior is not None and prior[:at] + prior[at + 1 :] == row[:at] + row[at + 1 :] and prior[at] <= row[at]:
+            row = prior
+        found[r["anomaly_id"]] = row
     return found
 
 

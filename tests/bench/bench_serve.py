@@ -48,8 +48,8 @@ FLOOR_JOBS = re.compile(r"floor Spark jobs (\d+)\n.*floor Spark jobs, outputs ap
 
 
 def arrivals(new: int) -> Window:
-    """The window in which the last `new` transactions arrive: from just before the first half of the
-    `new`-th last transaction to the first half of the last. What a cycle of a cluster in steady traffic
+    """The window in which the last `new` transactions arrive: after the first half of the transaction
+    before them, up to the first half of the last. What a cycle of a cluster in steady traffic
     brings; the checks and answers after the simulated traffic stops (a drain no running cluster has, and
     which is nearly all of the last events at 10,000) are left out."""
 
