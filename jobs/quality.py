@@ -232,7 +232,7 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
         )
         # Read here, once: change data that is missing fails only when it is read, and GE reads a batch often.
         # Only the rows that can share a key with a changed one are looked at: the table's recent files as a rule.
-        bounded_by = suite.key or suite.bounded_by
+        bounded_by = [*suite.key, *suite.bounded_by]
         changed, bounds = kept_with_ranges(
             changes.where(F.col("_change_type").isin("insert", "update_postimage")).drop(*CDF_COLUMNS), bounded_by
         )

@@ -419,9 +419,11 @@ def incremental(
         messages = changing(real, new["real"], snapshots, commits_then, every_commit, stored, copies, whole, refused,
                             as_of).localCheckpoint()  # fmt: skip
         recomputed, bounds = kept_with_ranges(
-            deliveries(messages, snapshots, every_commit, copies, whole, refused, as_of), DELIVERIES.key
+            deliveries(messages, snapshots, every_commit, copies, whole, refused, as_of),
+            [*DELIVERIES.key, "store_timestamp"],
         )
-        # Compared with the stored rows within the recomputed keys' ranges: Delta skips the other files.
+        # Compared with the stored rows within the recomputed keys' ranges and their messages' store times (a
+        # message's goes with its key): Delta skips the other files, written in store time order.
         candidates = within(stored, bounds)
         changed, seen = kept(differing(recomputed.select(*DELIVERIES.names), candidates, DELIVERIES.key),
                              F.min("store_timestamp").alias("earliest"), row_count())  # fmt: skip

@@ -129,7 +129,7 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     data["collect_runs"] = _collect_runs(t.get("collect_runs"))
     data |= _groups(t.get("consumer_events"))
     counts = t.get("delivery_counts")
-    data["deliveries"] = _deliveries(counts, t.get("deliveries"))
+    data["deliveries"] = group_deliveries(counts, t.get("deliveries"), data["as_of"])
     shown = [r["consumer_group"] for r in data["deliveries"]]
     per_group = {}
     if counts is not None and shown:
@@ -249,10 +249,10 @@ def _brokers(spark: SparkSession, config: Config, anomalies: DataFrame, counts: 
     }
 
 
-def _deliveries(counts: DataFrame | None, deliveries: DataFrame | None) -> list[dict[str, Any]]:
+def group_deliveries(counts: DataFrame | None, deliveries: DataFrame | None, as_of: int | None) -> list[dict[str, Any]]:
     """Per group: the messages it wants and what became of them (the README's query of the same), from
-    `delivery_counts`; the oldest pending message is looked up in `deliveries` within the second the counts
-    name (its files by store time: Delta skips the others)."""
+    `delivery_counts`; the oldest pending message, its age at `as_of`, is looked up in `deliveries` within the
+    second the counts name (its files by store time: Delta skips the others)."""
     if counts is None or deliveries is None:
         return []
     status, n = F.col("status"), F.col("messages")
@@ -265,10 +265,10 @@ def _deliveries(counts: DataFrame | None, deliveries: DataFrame | None) -> list[
     rows = per_group.orderBy("consumer_group").collect()  # a row per group: every one
     since = [r["_pending_since"] for r in rows if r["_pending_since"] is not None]
     oldest: dict[str, int] = {}
-    if since:
+    if since and as_of is not None:
         window = F.col("store_timestamp").between(min(since), max(since) + 999)
-        pending = deliveries.where((status == "PENDING") & window).groupBy("consumer_group").agg(F.max("pending_ms"))
-        oldest = {r[0]: r[1] for r in pending.collect()}
+        pending = deliveries.where((status == "PENDING") & window).groupBy("consumer_group")
+        oldest = {r[0]: as_of - r[1] for r in pending.agg(F.min("store_timestamp")).collect()}
     statuses = [s.lower() for s in DELIVERY_STATUSES]
     return [
         {"consumer_group": r["consumer_group"], "wanted": r["wanted"], **{s: r[s] for s in statuses},

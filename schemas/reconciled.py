@@ -105,7 +105,8 @@ RECONCILE_RUNS = Schema(
 )
 
 # Gold: what became of each stored business message in each group that wants it (transforms/deliveries.py),
-# as of the as_of of the last reconcile run (reconcile_runs).
+# as of the as_of of the last reconcile run (reconcile_runs). A PENDING message's age is that as_of minus its
+# store_timestamp, not a column: a column of it would change every pending row in every run.
 DELIVERIES = Schema(
     "deliveries",
     (
@@ -121,7 +122,6 @@ DELIVERIES = Schema(
         Field("status", "string", doc="CONSUMED, DEAD_LETTERED, UNDELIVERED, POSSIBLY_UNDELIVERED or PENDING"),
         Field("retries", "int", doc="copies the group's consumers sent back to %RETRY% before this status"),
         Field("duplicates_expected", "int", doc="hand-offs and offset regressions that deliver it again"),
-        Field("pending_ms", "long", nullable=True, doc="its age while PENDING, at the last reconcile run's as_of"),
     ),
     key=("consumer_group", "broker_name", "topic", "queue_id", "queue_offset"),
 )

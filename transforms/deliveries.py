@@ -13,7 +13,8 @@ Status, first that holds:
   and the snapshots cannot tell which applied (UNDELIVERED `at_most`, beyond `messages`): a hand-off or a new
   table in the window, or a pass before the group's first snapshot.
 - CONSUMED: the group's committed offset is past it (after `retries` send-backs, if any).
-- PENDING: not passed yet; `pending_ms` is its age at `as_of` (the reconcile run's, in `reconcile_runs`).
+- PENDING: not passed yet. Its age at `as_of` (the reconcile run's, in `reconcile_runs`) is not stored: every
+  run would rewrite every pending row for it.
 So for every group: stored and wanted = consumed + dead-lettered + undelivered + possibly undelivered + pending.
 
 `duplicates_expected` counts the windows that deliver it to the group again: hand-offs whose new holder
@@ -118,7 +119,6 @@ def deliveries(real_df: DataFrame, consumer_df: DataFrame, offset_commits_df: Da
         "consumer_group", *MESSAGE, "uniq_key", "transaction_id", "tags", "store_timestamp", "status",
         F.coalesce("retries", F.lit(0)).cast("int").alias("retries"),
         F.coalesce("duplicates_expected", F.lit(0)).cast("int").alias("duplicates_expected"),
-        F.when(F.col("status") == "PENDING", F.lit(as_of) - F.col("store_timestamp")).alias("pending_ms"),
     )  # fmt: skip
 
 
