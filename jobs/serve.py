@@ -104,7 +104,7 @@ class Engine:
     cycles: int = 0
     caught_up: bool = False  # the last cycle ran every step: with nothing new, the next one may rest
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "report"))
-    gathering: Future[dict[str, Any]] | None = None
+    gathering: Future[tuple[dict[str, Any], float]] | None = None  # the dashboard's reconciled part, its seconds
 
     def cycle(self) -> Cycle:
         now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
@@ -168,7 +168,7 @@ class Engine:
     def quality(self, c: Cycle) -> None:
         # The dashboard's reconciled part does not read what quality writes: it is gathered meanwhile, in a
         # thread of its own, so the Spark jobs of both share the cores (most of a job is the driver's).
-        self.gathering = self.pool.submit(report.gather_reconciled, self.spark, self.config)
+        self.gathering = self.pool.submit(_timed, report.gather_reconciled, self.spark, self.config)
         outcome = quality.check_quality(self.spark, self.config, c.cycle_id, c.started_at)
         c.quality_failed = len(outcome.failures)
 
@@ -177,7 +177,9 @@ class Engine:
         page. Its seconds are what the report added to the cycle beyond quality."""
         gathering, self.gathering = self.gathering, None
         assert gathering is not None
-        reconciled = gathering.result()
+        reconciled, took = gathering.result()
+        # Said apart: when the gathering outlasts quality, it is what the cycle waits for, not the page.
+        log.info("  the dashboard's tables read in %.1f s, beside quality", took)
         c.figures = reconciled["figures"]
         report.write_report(self.spark, self.config, reconciled=reconciled)
 
@@ -207,6 +209,11 @@ class Engine:
         if gathering is not None:
             with contextlib.suppress(Exception):
                 gathering.result()
+
+
+def _timed(work: Callable[..., dict[str, Any]], *args: Any) -> tuple[dict[str, Any], float]:
+    started = time.perf_counter()
+    return work(*args), time.perf_counter() - started
 
 
 def _engine_alive(spark: SparkSession) -> bool:
