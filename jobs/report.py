@@ -31,6 +31,7 @@ from jobs.reconcile import latest_as_of
 from jobs.session import build_session
 from schemas.quality import DELIVERY_STATUSES
 from transforms.consumers import holders, islands, snapshots, subscription_text
+from transforms.frames import kept_with_ranges, within
 
 log = logging.getLogger(__name__)
 
@@ -164,13 +165,15 @@ def _trace(keyed: DataFrame, trace: DataFrame | None, real: DataFrame | None, as
     groups = {r["consumer_group"]: r.asDict() for r in per_group.collect()}
     if trace is not None and real is not None and as_of is not None:
         since = as_of - LATENCY_WINDOW_MS
-        first = (
+        first, traced = kept_with_ranges(
             trace.where((F.col("trace_type") == "SubBefore") & (F.col("store_timestamp") >= since))
             .groupBy(F.col("group_name").alias("consumer_group"), "uniq_key")
-            .agg(F.min(F.col("timestamp") + F.col("store_timestamp") - F.col("born_timestamp")).alias("first_at"))
+            .agg(F.min(F.col("timestamp") + F.col("store_timestamp") - F.col("born_timestamp")).alias("first_at")),
+            ["uniq_key"],
         )
+        # Only the messages traced are looked up: none (no trace in the window) reads no message at all.
         stored = (
-            real.where(F.col("store_timestamp") >= since - LATENCY_WINDOW_MS)
+            within(real.where(F.col("store_timestamp") >= since - LATENCY_WINDOW_MS), traced)
             .groupBy("uniq_key")
             .agg(F.min("store_timestamp").alias("stored_at"))
         )

@@ -60,6 +60,11 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Config:
                     "spark.sql.shuffle.partitions": "2",
                     "spark.default.parallelism": "2",
                     "spark.driver.memory": "2g",
+                    # Delta keeps the log of every table it read (its snapshot and the plans that rebuild its
+                    # state) for an hour, up to 10,000 of them. Across the suite's hundreds of warehouses that
+                    # was 147 logs late in a full run, with 830 MB of this heap live, and a broadcast in
+                    # test_consumer_rules found no memory left. A few warehouses' worth is all a test reads.
+                    "spark.databricks.delta.delta.log.cacheSize": "40",
                     # This JVM lives as long as its worker, most of the suite: its interpreted expressions and
                     # planning are hot for that long, and the optimizing JIT pays off (test_quality alone ran
                     # in 374 s with it against 463 s without). The suite's other JVM flags stay.

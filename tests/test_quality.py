@@ -195,6 +195,10 @@ def test_silver_and_gold_are_validated_by_what_changed(spark: SparkSession, conf
     # A commit of a negative offset: offset_commits has no key, so its rows are looked for by their ranges.
     commits = cfg.table("offset_commits")
     spark.table(commits).limit(1).withColumn("offset", F.lit(-1).cast("long")).write.insertInto(commits)
+    # A message landed twice, as an ingest that bypassed its key would store it: found among the files of its
+    # store time, beside the one row before it.
+    real = cfg.table("real_events")
+    spark.table(real).orderBy("store_timestamp").limit(1).write.insertInto(real)
 
     check_quality(spark, cfg, "dq-changes-2", NOW)
     results = _results(spark, cfg, "dq-changes-2")
@@ -212,8 +216,10 @@ def test_silver_and_gold_are_validated_by_what_changed(spark: SparkSession, conf
     assert "no consumer group" in groupless["unexpected_sample"]
     negative = failed[("offset_commits", "expect_column_values_to_be_between(offset)")]
     assert (negative["scope"], negative["element_count"], negative["unexpected_count"]) == ("incremental", 1, 1)
+    landed = failed[("real_events", "expect_compound_columns_to_be_unique(broker_name+topic+queue_id+queue_offset)")]
+    assert (landed["scope"], landed["element_count"], landed["unexpected_count"]) == ("incremental", 2, 2)
     assert {k[0] for k in failed} - {"lifecycle_totals"} == {"txn_lifecycle", "anomalies", "group_findings",
-                                                             "offset_commits"}  # fmt: skip
+                                                             "offset_commits", "real_events"}  # fmt: skip
     # Each run records what every suite was validated by last; the dashboard shows those runs' results.
     runs = spark.table(cfg.table("quality_runs")).orderBy("finished_at").collect()
     assert [r["run_id"] for r in runs] == ["dq-changes-1", "dq-changes-2"]

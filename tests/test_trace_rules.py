@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from jobs.cli import main
 from jobs.config import Config
 from jobs.reconcile import reconcile
+from jobs.report import LATENCY_WINDOW_MS, _trace
 from jobs.story import story
 from jobs.web import Health, Metrics, start_http
 from tests.test_ingest import fresh_db, ingest
@@ -169,6 +170,21 @@ def test_consumed_twice_is_linked_to_the_regression_and_a_failure_is_counted(spa
     assert twice["detail"]["explained_by"] == [{"type": "OFFSET_REGRESSION", "anomaly_id": regression["anomaly_id"]}]
     [failed] = found(spark, traced, "CONSUME_FAILED").values()
     assert (failed["uniq_key"], failed["detail"]["failed"], failed["detail"]["consumed"]) == ("M1", 1, 1)
+
+
+def test_the_dashboard_times_each_groups_first_attempt_from_its_store_time(spark: SparkSession, traced: Config) -> None:
+    """M0, M1 and M2 were stored at T and first tried at T + 501, 1,501 and 3,501 in broker time (M0 again later):
+    their latencies. An hour later the window holds no trace: no latency."""
+    tables = {n: spark.table(traced.table(n)) for n in ("anomalies", "trace_events", "real_events")}
+    as_of = spark.table(traced.table("reconcile_runs")).collect()[0]["as_of"]
+    latency = ("consumer_group", "latency_p50_s", "latency_p99_s", "traced_last_hour")
+
+    def shown(at: int) -> list[tuple[Any, ...]]:
+        trace = _trace(tables["anomalies"], tables["trace_events"], tables["real_events"], at)
+        return [tuple(g[c] for c in latency) for g in trace["groups"] if g["traced_last_hour"] is not None]
+
+    assert shown(as_of) == [("CG", 1.501, 3.501, 3)]
+    assert shown(as_of + LATENCY_WINDOW_MS + 10_000) == []
 
 
 def test_the_story_of_one_message_in_time_order(spark: SparkSession, traced: Config) -> None:
