@@ -26,7 +26,7 @@ from transforms.consumers import (
     subscription_conflicts,
     undelivered,
 )
-from transforms.deliveries import counted, deliveries
+from transforms.deliveries import changing, counted, deliveries
 
 pytestmark = pytest.mark.spark
 T = 1_000_000
@@ -324,6 +324,35 @@ def test_a_dlq_copy_is_dead_lettered_with_its_original_queue_and_transaction(spa
                      "origin_broker": "b", "origin_queue_offset": 7, "transaction_id": "tx-1", "transactional": True,
                      "origin_message_id": "M1"}  # fmt: skip
     assert (second["origin_queue_offset"], second["transactional"], second.get("transaction_id")) == (3, False, None)
+
+
+def test_a_run_takes_up_the_messages_where_an_offset_moved_and_the_new_ones(spark: SparkSession) -> None:
+    """Groups g and h commit on t (queues 0 to 2, offsets 0..5 stored) and want it, having no snapshot. Since the
+    last run g moved from 2 to 4 on t:0, h stayed at 3 on t:1, no group commits on t:2, and g committed on u:0
+    for the first time; t:1 got message 6. What h left pending, and all of t:2, stays as it was."""
+    commit = "consumer_group string, topic string, queue_id int, offset long, commit_timestamp long"
+    then = [("g", "t", 0, 2, T), ("h", "t", 1, 3, T)]
+    now = [*then, ("g", "t", 0, 4, T + 5_000), ("g", "u", 0, 2, T + 5_000)]
+    commits_then, commits_now = (
+        offset_commits(spark.createDataFrame(rows, commit).selectExpr("'b' AS broker_name", "*",
+                                                                       "'c' AS client_id", "CAST(NULL AS LONG) AS seq"))
+        for rows in (then, now)
+    )  # fmt: skip
+    cons, _, real = frames(spark, [], [], {("t", 0): 6, ("t", 1): 7, ("t", 2): 6, ("u", 0): 3})
+    real = real.selectExpr("*", "concat_ws(':', topic, queue_id, queue_offset) AS uniq_key")
+    new = real.where("topic = 't' AND queue_id = 1 AND queue_offset = 6")
+    stored = spark.createDataFrame([], "consumer_group string, broker_name string, topic string, queue_id int, "
+                                       "queue_offset long, status string, duplicates_expected int")  # fmt: skip
+    copies = spark.createDataFrame([], "store_timestamp long, origin_topic string, uniq_key string")
+    findings = spark.createDataFrame([], "anomaly_type string, consumer_group string, broker_name string, "
+                                         "topic string, queue_id int, detail string")  # fmt: skip
+    taken = changing(real, new, cons, commits_then, commits_now, stored, copies, findings,
+                     refusals(cons, commits_now, real), AS_OF)  # fmt: skip
+    assert sorted((r["topic"], r["queue_id"], r["queue_offset"]) for r in taken.collect()) == [
+        *(("t", 0, o) for o in range(2, 6)),
+        ("t", 1, 6),
+        *(("u", 0, o) for o in range(3)),
+    ]
 
 
 def test_deliveries_say_what_became_of_every_wanted_message_in_every_group(spark: SparkSession) -> None:

@@ -128,30 +128,32 @@ def changing(real_df: DataFrame, new_real_df: DataFrame, consumer_df: DataFrame,
     """The stored messages (rows of `real_df`) whose deliveries rows can differ from `stored_df`'s, the rows
     an earlier run wrote when the offsets committed were `then_commits_df`, provided the groups want what
     they wanted then (`wanted`). Everything else in a row is the message's own or follows from these:
-    - in each queue, every message from the lowest offset a group that wants it had committed then or has
-      now (a group without a commit there: all of them), or from the first message new since: the pending
-      ones, the ones passed since, and the ones passed again after an offset went back;
-    - below it, the messages a copy, a tag filter's refusal or a redelivery window names now, or that
+    - in each queue where the committed offset of a group that wants it moved, every message from the lowest
+      offset such a group had committed then or has now (all of them for its first commit there): the ones
+      passed since, and the ones passed again after an offset went back. A group whose offset stayed leaves
+      its rows as they were, pending or passed;
+    - in each queue, every message from the first one new since;
+    - below these, the messages a copy, a tag filter's refusal or a redelivery window names now, or that
       `stored_df` holds as (possibly) undelivered or to be delivered again."""
     key = ["consumer_group", *QUEUE]
     wants = wanted(consumer_df, commits_df).select("consumer_group", "topic")
     then, now = (committed_offsets(c).withColumnRenamed("committed", n) for c, n in
                  ((then_commits_df, "then"), (commits_df, "now")))  # fmt: skip
-    # Per queue, the lowest offset passed then or now by a group that wants the topic; a queue where fewer of
-    # them committed than want the topic has a group with nothing passed there (-1), as has one none did.
+    # Per queue, the lowest offset passed then or now by a group that wants the topic and whose committed offset
+    # moved; from the start (-1) for its first commit there. A queue where none moved is absent: what a run
+    # finds pending there, passed or never consumed stays so (every cycle took up again all the pending
+    # messages of a group that lags, and every message of a queue no group commits on).
+    moved = F.col("then").isNull() | F.col("now").isNull() | (F.col("then") != F.col("now"))
     passed = (
         then.join(now, on=key, how="full").join(F.broadcast(wants), on=["consumer_group", "topic"], how="left_semi")
-        .groupBy(*QUEUE).agg(F.min(F.least("then", "now")).alias("low"), F.count(F.lit(1)).alias("groups"),
-                             F.max(F.col("then").isNull() | F.col("now").isNull()).alias("new_pair"))
-        .join(wants.groupBy("topic").agg(F.count(F.lit(1)).alias("wanting")), on="topic")
-        .select(*QUEUE, F.when(F.col("new_pair") | (F.col("groups") < F.col("wanting")), F.lit(-1))
-                .otherwise(F.col("low")).alias("low"))
+        .where(moved)
+        .groupBy(*QUEUE).agg(F.min(F.when(F.col("then").isNull() | F.col("now").isNull(), F.lit(-1))
+                                   .otherwise(F.least("then", "now"))).alias("low"))
     )  # fmt: skip
     lows = (
         passed.unionByName(new_real_df.groupBy(*QUEUE).agg(F.min("queue_offset").alias("low")))
         .groupBy(*QUEUE).agg(F.min("low").alias("low"))
     )  # fmt: skip
-    wanted_topics = wants.select("topic").distinct().withColumn("_wanted", F.lit(True))
     copies = (
         copy_df.where(F.col("store_timestamp") <= as_of)
         .select(F.col("origin_topic").alias("topic"), "uniq_key").distinct().withColumn("_copied", F.lit(True))
@@ -160,13 +162,11 @@ def changing(real_df: DataFrame, new_real_df: DataFrame, consumer_df: DataFrame,
         refused_messages(refused).select(*MESSAGE),
         stored_df.where(F.col("status").isin(*LOST) | (F.col("duplicates_expected") > 0)).select(*MESSAGE),
     ]).distinct().withColumn("_named", F.lit(True))  # fmt: skip
-    # A queue none of whose groups committed is absent from `lows`: all of it, if its topic is wanted.
-    low = F.coalesce("low", F.when(F.col("_wanted"), F.lit(-1)))
     tail = (
-        real_df.join(F.broadcast(lows), on=QUEUE, how="left").join(F.broadcast(wanted_topics), on="topic", how="left")
+        real_df.join(F.broadcast(lows), on=QUEUE, how="left")
         .join(F.broadcast(copies), on=["topic", "uniq_key"], how="left")
         .join(F.broadcast(named), on=MESSAGE, how="left")
-        .where((F.col("queue_offset") >= low) | F.col("_copied").isNotNull() | F.col("_named").isNotNull())
+        .where((F.col("queue_offset") >= F.col("low")) | F.col("_copied").isNotNull() | F.col("_named").isNotNull())
         .select(*real_df.columns)
     )  # fmt: skip
     windows = redelivery_windows(findings_df)
