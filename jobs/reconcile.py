@@ -442,7 +442,7 @@ def incremental(
     # small job is the driver's): the lifecycle beside the group rules, the deliveries beside the merges.
     def live() -> tuple[DataFrame, dict[str, Any]]:
         # The plan reads the recomputed transactions' halves and messages several times: kept, each table is
-        # scanned once (half_events was scanned five times, real_events four).
+        # scanned once for them.
         half_k, real_k = (kept(df.join(F.broadcast(keys), on=ID, how="left_semi"))[0] for df in (half, real))
         return kept(facts_of(keys, half_k, op, real_k).transform(lifecycle(as_of, rules)),
                     F.min("born_ts").alias("born"))  # fmt: skip

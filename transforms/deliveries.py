@@ -141,8 +141,7 @@ def changing(real_df: DataFrame, new_real_df: DataFrame, consumer_df: DataFrame,
                  ((then_commits_df, "then"), (commits_df, "now")))  # fmt: skip
     # Per queue, the lowest offset passed then or now by a group that wants the topic and whose committed offset
     # moved; from the start (-1) for its first commit there. A queue where none moved is absent: what a run
-    # finds pending there, passed or never consumed stays so (every cycle took up again all the pending
-    # messages of a group that lags, and every message of a queue no group commits on).
+    # finds pending there, passed or never consumed stays so.
     moved = F.col("then").isNull() | F.col("now").isNull() | (F.col("then") != F.col("now"))
     passed = (
         then.join(now, on=key, how="full").join(F.broadcast(wants), on=["consumer_group", "topic"], how="left_semi")
