@@ -128,31 +128,27 @@ def changing(real_df: DataFrame, new_real_df: DataFrame, consumer_df: DataFrame,
     """The stored messages (rows of `real_df`) whose deliveries rows can differ from `stored_df`'s, the rows
     an earlier run wrote when the offsets committed were `then_commits_df`, provided the groups want what
     they wanted then (`wanted`). Everything else in a row is the message's own or follows from these:
-    - in each queue where the committed offset of a group that wants it moved, every message from the lowest
-      offset such a group had committed then or has now (all of them for its first commit there): the ones
-      passed since, and the ones passed again after an offset went back. A group whose offset stayed leaves
-      its rows as they were, pending or passed;
+    - where the committed offset of a group that wants the topic moved, the messages between where it was and
+      where it is (below it, for its first commit there): passed since, or passed again after it went back.
+      A group whose offset stayed leaves its rows as they were, pending or passed;
     - in each queue, every message from the first one new since;
-    - below these, the messages a copy, a tag filter's refusal or a redelivery window names now, or that
-      `stored_df` holds as (possibly) undelivered or to be delivered again."""
+    - the messages a copy, a tag filter's refusal or a redelivery window names now, or that `stored_df` holds
+      as (possibly) undelivered or to be delivered again."""
     key = ["consumer_group", *QUEUE]
     wants = wanted(consumer_df, commits_df).select("consumer_group", "topic")
     then, now = (committed_offsets(c).withColumnRenamed("committed", n) for c, n in
                  ((then_commits_df, "then"), (commits_df, "now")))  # fmt: skip
-    # Per queue, the lowest offset passed then or now by a group that wants the topic and whose committed offset
-    # moved; from the start (-1) for its first commit there. A queue where none moved is absent: what a run
-    # finds pending there, passed or never consumed stays so.
-    moved = F.col("then").isNull() | F.col("now").isNull() | (F.col("then") != F.col("now"))
-    passed = (
+    # Spans [low, high) of offsets per queue (no high: to the end), one scan of the messages finds them all.
+    either = F.col("then").isNull() | F.col("now").isNull()
+    moved = (
         then.join(now, on=key, how="full").join(F.broadcast(wants), on=["consumer_group", "topic"], how="left_semi")
-        .where(moved)
-        .groupBy(*QUEUE).agg(F.min(F.when(F.col("then").isNull() | F.col("now").isNull(), F.lit(-1))
-                                   .otherwise(F.least("then", "now"))).alias("low"))
+        .where(either | (F.col("then") != F.col("now")))
+        .select(*QUEUE, F.when(either, F.lit(-1)).otherwise(F.least("then", "now")).cast("long").alias("low"),
+                F.greatest("then", "now").cast("long").alias("high"))
     )  # fmt: skip
-    lows = (
-        passed.unionByName(new_real_df.groupBy(*QUEUE).agg(F.min("queue_offset").alias("low")))
-        .groupBy(*QUEUE).agg(F.min("low").alias("low"))
-    )  # fmt: skip
+    new = new_real_df.groupBy(*QUEUE).agg(F.min("queue_offset").alias("low"), F.lit(None).cast("long").alias("high"))
+    windows = redelivery_windows(findings_df).select(*QUEUE, "low", "high")
+    spans = union_all([moved, new, windows]).distinct()
     copies = (
         copy_df.where(F.col("store_timestamp") <= as_of)
         .select(F.col("origin_topic").alias("topic"), "uniq_key").distinct().withColumn("_copied", F.lit(True))
@@ -161,21 +157,16 @@ def changing(real_df: DataFrame, new_real_df: DataFrame, consumer_df: DataFrame,
         refused_messages(refused).select(*MESSAGE),
         stored_df.where(F.col("status").isin(*LOST) | (F.col("duplicates_expected") > 0)).select(*MESSAGE),
     ]).distinct().withColumn("_named", F.lit(True))  # fmt: skip
-    tail = (
-        real_df.join(F.broadcast(lows), on=QUEUE, how="left")
+    offset = F.col("queue_offset")
+    spanned = (offset >= F.col("low")) & (F.col("high").isNull() | (offset < F.col("high")))
+    return (
+        real_df.join(F.broadcast(spans), on=QUEUE, how="left")  # once per span of its queue: made one below
         .join(F.broadcast(copies), on=["topic", "uniq_key"], how="left")
         .join(F.broadcast(named), on=MESSAGE, how="left")
-        .where((F.col("queue_offset") >= F.col("low")) | F.col("_copied").isNotNull() | F.col("_named").isNotNull())
+        .where(spanned | F.col("_copied").isNotNull() | F.col("_named").isNotNull())
         .select(*real_df.columns)
+        .dropDuplicates(MESSAGE)
     )  # fmt: skip
-    windows = redelivery_windows(findings_df)
-    in_windows = real_df.join(
-        F.broadcast(windows.select(*QUEUE, "low", "high").distinct()).alias("w"),
-        on=[real_df[c] == F.col(f"w.{c}") for c in QUEUE]
-        + [F.col("queue_offset") >= F.col("w.low"), F.col("queue_offset") < F.col("w.high")],
-        how="left_semi",
-    )
-    return tail.unionByName(in_windows).dropDuplicates(MESSAGE)
 
 
 def counted(deliveries_df: DataFrame, sign: Column | None = None) -> DataFrame:
