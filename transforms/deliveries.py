@@ -157,13 +157,16 @@ def changing(real_df: DataFrame, new_real_df: DataFrame, consumer_df: DataFrame,
         refused_messages(refused).select(*MESSAGE),
         stored_df.where(F.col("status").isin(*LOST) | (F.col("duplicates_expected") > 0)).select(*MESSAGE),
     ]).distinct().withColumn("_named", F.lit(True))  # fmt: skip
-    offset = F.col("queue_offset")
-    spanned = (offset >= F.col("low")) & (F.col("high").isNull() | (offset < F.col("high")))
+    offset = F.col("m.queue_offset")
+    within_span = [F.col(f"m.{c}") == F.col(f"s.{c}") for c in QUEUE] + [
+        offset >= F.col("s.low"), F.col("s.high").isNull() | (offset < F.col("s.high"))
+    ]  # fmt: skip
     return (
-        real_df.join(F.broadcast(spans), on=QUEUE, how="left")  # once per span of its queue: made one below
+        real_df.alias("m").join(F.broadcast(spans).alias("s"), on=within_span, how="left")  # once per span it is in
+        .select("m.*", F.col("s.low").isNotNull().alias("_spanned"))
         .join(F.broadcast(copies), on=["topic", "uniq_key"], how="left")
         .join(F.broadcast(named), on=MESSAGE, how="left")
-        .where(spanned | F.col("_copied").isNotNull() | F.col("_named").isNotNull())
+        .where(F.col("_spanned") | F.col("_copied").isNotNull() | F.col("_named").isNotNull())
         .select(*real_df.columns)
         .dropDuplicates(MESSAGE)
     )  # fmt: skip
