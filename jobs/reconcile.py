@@ -417,8 +417,9 @@ def incremental(
             _progress("deliveries rewritten: the groups want other topics or tags than at the last run")
             return
         stored = _as_left(spark, config, DELIVERIES, last)
-        messages = changing(real, new["real"], snapshots, commits_then, every_commit, stored, copies, whole, refused,
-                            as_of).localCheckpoint()  # fmt: skip
+        found_then = _as_left(spark, config, ANOMALIES, last)
+        messages = changing(real, new["real"], snapshots, commits_then, every_commit, stored, copies, found_then,
+                            whole, refused, as_of).localCheckpoint()  # fmt: skip
         recomputed, bounds = kept_with_ranges(
             deliveries(messages, snapshots, every_commit, copies, whole, refused, as_of),
             [*DELIVERIES.key, "store_timestamp"],

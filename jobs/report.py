@@ -36,6 +36,9 @@ from transforms.frames import kept_with_ranges, within
 log = logging.getLogger(__name__)
 
 ROWS = 500  # rows per table on the page; the header says when there are more
+# The lifecycle's columns the dashboard shows or counts by.
+LIFECYCLE_SHOWN = ("broker_name", "uniq_key", "producer_group", "real_topic", "state", "born_ts", "first_copy_ts",
+                   "first_commit_ts", "resolved_ts")  # fmt: skip
 PENDING_AGES = {"1m": 60_000, "10m": 600_000, "1h": 3_600_000, "1d": 86_400_000}  # metric label: at least this old
 STUCK_AGE_BINS = ((0, "< 5 min"), (300_000, "5-15 min"), (900_000, "15-60 min"), (3_600_000, "1-6 h"),
                   (21_600_000, "6-24 h"), (86_400_000, "1-3 d"), (259_200_000, "> 3 d"))  # fmt: skip
@@ -102,7 +105,9 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     t = _tables(spark, config, names)
     if "txn_lifecycle" not in t or "anomalies" not in t:
         raise TxnReconError("no reconciled tables yet; run `txn-recon reconcile` (or `txn-recon run`) first")
-    life = t["txn_lifecycle"]
+    # The states' chart, the op lag and the findings' transactions read the lifecycle five times: the columns
+    # they use are kept in memory, so that the table is read once.
+    life = t["txn_lifecycle"].select(*LIFECYCLE_SHOWN).persist()
     # Anomalies are few next to transactions: keep them, with their transaction's group and topic, in memory.
     txn = life.select("broker_name", "uniq_key", "producer_group", "real_topic", "state")
     keyed = t["anomalies"].join(txn, on=["broker_name", "uniq_key"], how="left").persist()
@@ -125,6 +130,7 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
         data["trace"] = _trace(keyed, t.get("trace_events"), t.get("real_events"), data["as_of"])
     finally:
         keyed.unpersist()
+        life.unpersist()
     data["ingest_runs"] = _ingest_runs(t.get("ingest_runs"))
     data["reconcile_runs"] = _reconcile_runs(t.get("reconcile_runs"))
     data["collect_runs"] = _collect_runs(t.get("collect_runs"))
@@ -226,14 +232,16 @@ def _brokers(spark: SparkSession, config: Config, anomalies: DataFrame, counts: 
     out: dict[str, Any] = {"broker_writes": _no_times()}
     view = config.table("broker_writes")
     if spark.catalog.tableExists(view):
-        writes = spark.table(view).select("broker_name", "minute_ts", (F.col("messages") + F.col("halves")).alias("n"))
-        span = writes.agg(F.min("minute_ts").alias("first"), F.max("minute_ts").alias("last")).collect()[0]
-        if span["first"] is not None:
-            width = max(bucket_ms(span["first"], span["last"]), 60_000)  # the view counts per minute
-            bucket = (F.floor(F.col("minute_ts") / width) * width).alias("bucket")
-            rows = writes.groupBy(bucket, "broker_name").agg(F.sum("n").alias("n")).collect()
-            out["broker_writes"] = {"bucket_ms": width,
-                                    "counts": [(int(r["bucket"]), r["broker_name"], r["n"]) for r in rows]}  # fmt: skip
+        # Per broker and minute, kept: the view reads every stored half and message, and the chart reads it
+        # twice (its span, then its buckets).
+        writes = (
+            spark.table(view).groupBy("broker_name", "minute_ts")
+            .agg(F.sum(F.col("messages") + F.col("halves")).alias("n")).persist()
+        )  # fmt: skip
+        try:
+            out["broker_writes"] = _per_bucket(writes)
+        finally:
+            writes.unpersist()
     if spark.catalog.tableExists(config.table("topology_events")):
         members = spark.table(config.table("topology_events")).where("kind = 'broker' AND broker_id = 0")
         out["brokers"] = sorted(r["broker_name"] for r in members.select("broker_name").distinct().collect())
@@ -250,6 +258,17 @@ def _brokers(spark: SparkSession, config: Config, anomalies: DataFrame, counts: 
         "idle_brokers": _rows(anomalies.where(kind == "BROKER_WITHOUT_WRITES").orderBy(*latest), idle_columns, ROWS),
         "idle_brokers_total": counts.get("BROKER_WITHOUT_WRITES", 0),
     }
+
+
+def _per_bucket(writes: DataFrame) -> dict[str, Any]:
+    """Writes per (bucket, broker) of the per-minute counts `writes`, the buckets sized as the other charts'."""
+    span = writes.agg(F.min("minute_ts").alias("first"), F.max("minute_ts").alias("last")).collect()[0]
+    if span["first"] is None:
+        return _no_times()
+    width = max(bucket_ms(span["first"], span["last"]), 60_000)  # the view counts per minute
+    bucket = (F.floor(F.col("minute_ts") / width) * width).alias("bucket")
+    rows = writes.groupBy(bucket, "broker_name").agg(F.sum("n").alias("n")).collect()
+    return {"bucket_ms": width, "counts": [(int(r["bucket"]), r["broker_name"], r["n"]) for r in rows]}
 
 
 def group_deliveries(counts: DataFrame | None, deliveries: DataFrame | None, as_of: int | None) -> list[dict[str, Any]]:

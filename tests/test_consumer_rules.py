@@ -326,11 +326,14 @@ def test_a_dlq_copy_is_dead_lettered_with_its_original_queue_and_transaction(spa
     assert (second["origin_queue_offset"], second["transactional"], second.get("transaction_id")) == (3, False, None)
 
 
-def test_a_run_takes_up_the_messages_an_offset_passed_since_and_the_new_ones(spark: SparkSession) -> None:
+def test_a_run_takes_up_the_messages_an_offset_passed_since_the_new_ones_and_changed_windows(
+    spark: SparkSession,
+) -> None:
     """Groups g and h commit on t (queues 0 to 2, offsets 0..5 stored) and want it, having no snapshot. Since the
     last run g moved from 2 to 4 on t:0, h stayed at 3 on t:1, no group commits on t:2, and g committed up to 2
-    on u:0 for the first time; t:1 got message 6. Only the messages passed since and the new one can change:
-    what is still pending, and all of t:2, stays as it was."""
+    on u:0 for the first time; t:1 got message 6. Of h's regressions on t:1, [0, 2) was found then and now,
+    [4, 5) only then and [2, 3) only now. Only the messages passed since, the new one and those of a window
+    found or lost since can change: what is still pending, all of t:2 and t:1's [0, 2) stay as they were."""
     commit = "consumer_group string, topic string, queue_id int, offset long, commit_timestamp long"
     then = [("g", "t", 0, 2, T), ("h", "t", 1, 3, T)]
     now = [*then, ("g", "t", 0, 4, T + 5_000), ("g", "u", 0, 2, T + 5_000)]
@@ -345,13 +348,22 @@ def test_a_run_takes_up_the_messages_an_offset_passed_since_and_the_new_ones(spa
     stored = spark.createDataFrame([], "consumer_group string, broker_name string, topic string, queue_id int, "
                                        "queue_offset long, status string, duplicates_expected int")  # fmt: skip
     copies = spark.createDataFrame([], "store_timestamp long, origin_topic string, uniq_key string")
-    findings = spark.createDataFrame([], "anomaly_type string, consumer_group string, broker_name string, "
-                                         "topic string, queue_id int, detail string")  # fmt: skip
-    taken = changing(real, new, cons, commits_then, commits_now, stored, copies, findings,
+    found_then, found_now = (
+        spark.createDataFrame(
+            [("OFFSET_REGRESSION", "h", "b", "t", 1, json.dumps({"from_offset": high, "to_offset": low}))
+             for low, high in windows],
+            "anomaly_type string, consumer_group string, broker_name string, topic string, queue_id int, "
+            "detail string",
+        )
+        for windows in (((0, 2), (4, 5)), ((0, 2), (2, 3)))
+    )  # fmt: skip
+    taken = changing(real, new, cons, commits_then, commits_now, stored, copies, found_then, found_now,
                      refusals(cons, commits_now, real), AS_OF)  # fmt: skip
     assert sorted((r["topic"], r["queue_id"], r["queue_offset"]) for r in taken.collect()) == [
         ("t", 0, 2),
         ("t", 0, 3),
+        ("t", 1, 2),
+        ("t", 1, 4),
         ("t", 1, 6),
         ("u", 0, 0),
         ("u", 0, 1),

@@ -123,17 +123,19 @@ def deliveries(real_df: DataFrame, consumer_df: DataFrame, offset_commits_df: Da
 
 
 def changing(real_df: DataFrame, new_real_df: DataFrame, consumer_df: DataFrame, then_commits_df: DataFrame,
-             commits_df: DataFrame, stored_df: DataFrame, copy_df: DataFrame, findings_df: DataFrame,
-             refused: Refusals, as_of: int) -> DataFrame:  # fmt: skip
+             commits_df: DataFrame, stored_df: DataFrame, copy_df: DataFrame, then_findings_df: DataFrame,
+             findings_df: DataFrame, refused: Refusals, as_of: int) -> DataFrame:  # fmt: skip
     """The stored messages (rows of `real_df`) whose deliveries rows can differ from `stored_df`'s, the rows
-    an earlier run wrote when the offsets committed were `then_commits_df`, provided the groups want what
-    they wanted then (`wanted`). Everything else in a row is the message's own or follows from these:
+    an earlier run wrote when the offsets committed were `then_commits_df` and the findings `then_findings_df`,
+    provided the groups want what they wanted then (`wanted`). Everything else in a row is the message's own
+    or follows from these:
     - where the committed offset of a group that wants the topic moved, the messages between where it was and
       where it is (below it, for its first commit there): passed since, or passed again after it went back.
       A group whose offset stayed leaves its rows as they were, pending or passed;
     - in each queue, every message from the first one new since;
-    - the messages a copy, a tag filter's refusal or a redelivery window names now, or that `stored_df` holds
-      as (possibly) undelivered or to be delivered again."""
+    - the messages of a redelivery window found since, or found then and not now: the others' counts stand;
+    - the messages a copy or a tag filter's refusal names now, or that `stored_df` holds as (possibly)
+      undelivered."""
     key = ["consumer_group", *QUEUE]
     wants = wanted(consumer_df, commits_df).select("consumer_group", "topic")
     then, now = (committed_offsets(c).withColumnRenamed("committed", n) for c, n in
@@ -147,7 +149,13 @@ def changing(real_df: DataFrame, new_real_df: DataFrame, consumer_df: DataFrame,
                 F.greatest("then", "now").cast("long").alias("high"))
     )  # fmt: skip
     new = new_real_df.groupBy(*QUEUE).agg(F.min("queue_offset").alias("low"), F.lit(None).cast("long").alias("high"))
-    windows = redelivery_windows(findings_df).select(*QUEUE, "low", "high")
+    # A window found more (or fewer) times now than then: each one delivers its messages once more.
+    signed = union_all([redelivery_windows(df).withColumn("_n", F.lit(n))
+                        for df, n in ((findings_df, 1), (then_findings_df, -1))])  # fmt: skip
+    windows = (
+        signed.groupBy("consumer_group", *QUEUE, "low", "high").agg(F.sum("_n").alias("_n"))
+        .where(F.col("_n") != 0).select(*QUEUE, "low", "high")
+    )  # fmt: skip
     spans = union_all([moved, new, windows]).distinct()
     copies = (
         copy_df.where(F.col("store_timestamp") <= as_of)
@@ -155,7 +163,7 @@ def changing(real_df: DataFrame, new_real_df: DataFrame, consumer_df: DataFrame,
     )  # fmt: skip
     named = union_all([
         refused_messages(refused).select(*MESSAGE),
-        stored_df.where(F.col("status").isin(*LOST) | (F.col("duplicates_expected") > 0)).select(*MESSAGE),
+        stored_df.where(F.col("status").isin(*LOST)).select(*MESSAGE),
     ]).distinct().withColumn("_named", F.lit(True))  # fmt: skip
     offset = F.col("m.queue_offset")
     within_span = [F.col(f"m.{c}") == F.col(f"s.{c}") for c in QUEUE] + [
