@@ -10,6 +10,8 @@ leaving the tables exactly as a full recompute would. It is full when asked (`--
 run, when as_of goes back, when the rules changed, when bronze saw anything but appends, or when the
 output tables changed after the last run recorded them (a run that died half-way, or a hand edit; not
 a compaction, which changes no row).
+A run that finds every bronze table at the version the last run read, as of the same data time under the
+same rules, computes nothing: the last run's result stands (mode `unchanged`).
 Every run appends a row to `reconcile_runs`; anomalies are always merged by anomaly_id, so a finding
 that no longer holds leaves the current view (Delta history keeps it) and an unchanged one stays.
 """
@@ -115,6 +117,10 @@ class Bronze:
     versions: dict[str, int]
     frames: dict[str, DataFrame]
 
+    def same_as(self, last: Row) -> bool:
+        """Whether every table is at the version `last` read (a row that predates a version's column: no)."""
+        return all(last[f"{s}_version"] == v for s, v in self.versions.items())
+
 
 @dataclass(frozen=True)
 class Written:
@@ -159,7 +165,11 @@ def reconcile(spark: SparkSession, config: Config, as_of: int | None = None, ful
     reason = "--full" if full else rebuilt or why_full(spark, config, bronze, last, as_of, rules)
     _progress("bronze versions %s read", bronze.versions)
     written = None
-    if reason is None and last is not None:
+    if reason is None and last is not None and as_of == last["as_of"] and bronze.same_as(last):
+        # The same inputs, rules and data time, and the outputs as the last run left them: its result stands.
+        log.info("reconcile as of %d: unchanged since run %s", as_of, last["run_id"])
+        written = Written("unchanged", None, 0, 0, last["wants"])
+    elif reason is None and last is not None:
         log.info("reconcile as of %d: incremental since run %s", as_of, last["run_id"])
         try:
             written = incremental(spark, config, bronze, last, as_of, rules)
@@ -184,7 +194,7 @@ def read_bronze(spark: SparkSession, config: Config) -> Bronze:
         raise TxnReconError(f"no bronze tables yet ({', '.join(missing)}); run `txn-recon ingest` first")
     versions = {s: table_version(spark, t) for s, t in tables.items()}
     frames = {s: spark.sql(f"SELECT * FROM {t} VERSION AS OF {versions[s]}") for s, t in tables.items()}
-    return Bronze({s: tables[s] for s in TIME}, {s: versions[s] for s in TIME}, frames)
+    return Bronze(tables, versions, frames)
 
 
 def latest_event(spark: SparkSession, config: Config, bronze: dict[str, DataFrame]) -> int | None:
@@ -292,8 +302,8 @@ def why_full(
         compacted = version > recorded and all(h["operation"] in REARRANGING for h in _history(spark, table, recorded))
         if version != recorded and not compacted:
             return f"{schema.name} is at version {version}, the last run left it at {recorded}"
-    for stream, table in bronze.tables.items():
-        since, now = last[f"{stream}_version"], bronze.versions[stream]
+    for stream in TIME:
+        table, since, now = bronze.tables[stream], last[f"{stream}_version"], bronze.versions[stream]
         if since is None:
             return f"the last run read no {table}"
         if now < since:

@@ -76,7 +76,7 @@ RECONCILE_RUNS = Schema(
     "reconcile_runs",
     (
         Field("run_id", "string"),
-        Field("mode", "string", doc="full or incremental"),
+        Field("mode", "string", doc="full, incremental, or unchanged (nothing it reads had changed)"),
         Field("reason", "string", nullable=True, doc="why the run was full"),
         Field("as_of", "long"),
         Field("rules", "string", doc="the broker settings and thresholds used, as JSON"),
@@ -100,6 +100,9 @@ RECONCILE_RUNS = Schema(
             nullable=True,
             doc="what each group wanted per topic, as JSON: when it changes, deliveries are rewritten whole",
         ),
+        Field("consumer_version", "long", nullable=True, doc="the snapshot tables' versions read (null: not recorded)"),
+        Field("copy_version", "long", nullable=True),
+        Field("topology_version", "long", nullable=True),
     ),
     key=("run_id",),
 )

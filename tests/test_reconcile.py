@@ -147,15 +147,19 @@ def test_reconcile_job_scores_perfectly_and_a_rerun_changes_nothing(
     assert main(cli) == 2
     assert f"the anomalies are as of {meta['as_of']} but the truth" in capsys.readouterr().err
 
-    # A rerun with nothing new is incremental and writes nothing: Delta commits no version for a merge
-    # that changes no row.
+    # A rerun with nothing new computes nothing and writes nothing but its row in reconcile_runs.
     before = {t: _table(spark, cfg, t) for t in ("anomalies", "txn_lifecycle", "offset_commits")}
     versions = {t: version(spark, cfg, t) for t in before}
     reconcile(spark, cfg)
     assert {t: _table(spark, cfg, t) for t in before} == before
     assert {t: version(spark, cfg, t) for t in before} == versions
     last = spark.table(cfg.table("reconcile_runs")).orderBy("finished_at").collect()[-1]
-    assert (last["mode"], last["queues"]) == ("incremental", 0)
+    assert (last["mode"], last["transactions"], last["queues"]) == ("unchanged", 0, 0)
+    # A new version of any bronze table, a snapshot table's too, and the next run computes again.
+    spark.sql(f"ALTER TABLE {cfg.table('consumer_events')} SET TBLPROPERTIES ('txn_recon.test' = 'touched')")
+    reconcile(spark, cfg)
+    last = spark.table(cfg.table("reconcile_runs")).orderBy("finished_at").collect()[-1]
+    assert (last["mode"], last["consumer_version"]) == ("incremental", version(spark, cfg, "consumer_events"))
 
 
 def test_a_later_run_clears_a_stuck_half_that_committed(spark: SparkSession, reconciled: Reconciled) -> None:

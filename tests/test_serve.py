@@ -193,7 +193,9 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
     [compacting] = restarted.sql("SELECT count(*) AS n FROM txn_recon.serve_cycles WHERE compact_s IS NOT NULL")
     assert int(compacting["n"]) >= 1
     modes = [r["mode"] for r in restarted.sql("SELECT mode FROM txn_recon.reconcile_runs ORDER BY finished_at")]
-    assert modes[0] == "full" and set(modes[1:]) == {"incremental"}, modes
+    # The cycle after the restart reconciles all the same, and finds nothing new since the last run (unless
+    # the kill came between ingest and reconcile).
+    assert modes[0] == "full" and "incremental" in modes and set(modes[1:]) <= {"incremental", "unchanged"}, modes
     [last] = restarted.sql(counts)
     assert int(last["h"]) == halves
     # ingest.archive: every file landed has moved, once recorded, from its stream folder to _ingested/.
