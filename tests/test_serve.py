@@ -68,15 +68,21 @@ class Served:
     def cycles(self) -> list[str]:
         return re.findall(r"txn-recon serve: cycle \d+ (\w+)", self.text())
 
-    def sql(self, statement: str) -> list[dict[str, str]]:
-        """Rows over JDBC, as beeline prints them: CSV (values with commas quoted), NULL for null."""
-        out = subprocess.run(["java", "-Ddisable.quoting.for.sv=false", "-cp", BEELINE_CP,
-                              "org.apache.hive.beeline.BeeLine", "-u", self.jdbc, "--outputformat=csv2",
-                              "--silent=true", "--showHeader=true", "-e", statement],
+    def sql(self, statement: str, times: int = 1) -> list[dict[str, str]]:
+        """Rows over JDBC, as beeline prints them: CSV (values with commas quoted), NULL for null; with
+        `times`, the statement's rows that many times over, one after the other in one beeline."""
+        # A beeline lives a few seconds: the quick JIT compiler and the serial collector are all it needs.
+        out = subprocess.run(["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Ddisable.quoting.for.sv=false",
+                              "-cp", BEELINE_CP, "org.apache.hive.beeline.BeeLine", "-u", self.jdbc,
+                              "--outputformat=csv2", "--silent=true", "--showHeader=true",
+                              "-e", ";".join([statement] * times)],
                              capture_output=True, text=True, timeout=120)  # fmt: skip
         assert out.returncode == 0, out.stderr[-2000:]
-        # beeline echoes its prompt in front of the header, even when silent
-        return list(csv.DictReader(io.StringIO(re.sub(r"^\d+: jdbc:\S*> ", "", out.stdout.strip()))))
+        # beeline echoes its prompt in front of each statement's header, even when silent
+        header, *lines = [
+            line for line in re.sub(r"^\d+: jdbc:\S*> ", "", out.stdout.strip(), flags=re.M).splitlines() if line
+        ]
+        return list(csv.DictReader(io.StringIO("\n".join([header, *(line for line in lines if line != header)]))))
 
 
 def wait_for(ready: Callable[[], bool], seconds: float, what: str) -> None:
@@ -172,7 +178,7 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
     checking = re.compile(r"cycle (\d+): quality")
     seen = set()
     while not any(int(n) > done for n in checking.findall(served.text())):
-        seen |= {(int(r["h"]), int(r["a"])) for r in served.sql(counts)}
+        seen |= {(int(r["h"]), int(r["a"])) for r in served.sql(counts, times=3)}
     served.proc.kill()
     served.proc.wait(30)
     killed = len(served.cycles())
