@@ -328,7 +328,7 @@ def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[st
     commits_df = offset_commits(offset)
     snapshots = snapshots_up_to(frames, as_of)
     # Findings and refusals are few, and both the anomalies and the deliveries read them: computed once, kept.
-    refused = refusals(snapshots, commits_df, real).checkpointed()
+    refused = refused_by_filters(snapshots, commits_df, real)
     groups = group_anomalies(snapshots, commits_df, real, frames["copy"], refused, as_of, rules.stranded_after_ms)
     whole = commits_df.transform(offset_regressions(real, as_of)).unionByName(groups).localCheckpoint()
     delivered = deliveries(real, snapshots, commits_df, frames["copy"], whole, refused, as_of)
@@ -362,6 +362,14 @@ def cluster_anomalies(frames: dict[str, DataFrame], as_of: int, rules: Rules) ->
         found = anomaly_rows(topic_gaps(history, as_of, rules), idle_brokers(history, writes, as_of, rules), as_of,
                              size)  # fmt: skip
     return topology.sparkSession.createDataFrame(found, to_struct(ANOMALIES))
+
+
+def refused_by_filters(snapshots: DataFrame, commits: DataFrame, real: DataFrame) -> Refusals:
+    """The tag filters' refusals, kept. Every window a filter could refuse in is bounded by a consumer snapshot:
+    with none (a warehouse that collects no consumer groups) there is none, and computing them still ran Spark
+    jobs."""
+    found = refusals(snapshots, commits, real)
+    return found.none() if snapshots.isEmpty() else found.checkpointed()
 
 
 def snapshots_up_to(frames: dict[str, DataFrame], as_of: int) -> DataFrame:
@@ -464,7 +472,7 @@ def incremental(
         untouched = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
         every_commit = union_all([untouched.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
         # The group findings and offset regressions are recomputed whole (WHOLE_TYPES).
-        refused = refusals(snapshots, every_commit, real).checkpointed()
+        refused = refused_by_filters(snapshots, every_commit, real)
         whole = (
             every_commit.transform(offset_regressions(real, as_of))
             .unionByName(group_anomalies(snapshots, every_commit, real, copies, refused, as_of,

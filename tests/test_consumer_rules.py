@@ -13,7 +13,9 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from jobs.reconcile import refused_by_filters
 from jobs.report import group_deliveries
+from jobs.session import jobs_started
 from schemas.landing import CONSUMER
 from schemas.spark import to_struct
 from transforms.anomalies import offset_commits
@@ -268,6 +270,21 @@ def test_the_first_window_is_exact_where_the_offset_stood_still_since_the_messag
     [(_, _, _, since, detail)] = found(undelivered(refusals(cons, commits_df, real), AS_OF))
     assert (since, detail["messages"], detail["at_most"], detail["before_first_snapshot"], detail["exact"]) == (
         T, 6, 6, 0, True)  # fmt: skip
+
+
+def test_without_a_consumer_snapshot_no_filter_refused_anything_and_finding_so_runs_no_job(
+    spark: SparkSession,
+) -> None:
+    """No snapshot bounds a window: reconcile takes the refusals as none, with the columns of those computed
+    (which come out empty too), and reading them runs no Spark job."""
+    cons, commits_df, real = frames(spark, [], [("t", 0, 4, T, "A", 1)], {("t", 0): 6})
+    computed, taken = refusals(cons, commits_df, real), refused_by_filters(cons, commits_df, real)
+    assert (taken.windows.schema, taken.per_message.schema) == (computed.windows.schema, computed.per_message.schema)
+    assert computed.windows.count() == computed.per_message.count() == 0
+    before = jobs_started(spark)
+    assert taken.windows.collect() == taken.per_message.collect() == []
+    assert found(undelivered(taken, AS_OF)) == []
+    assert jobs_started(spark) == before
 
 
 def test_what_a_filter_may_have_refused_is_possibly_undelivered(spark: SparkSession) -> None:

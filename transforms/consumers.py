@@ -285,6 +285,10 @@ class Refusals(NamedTuple):
     def checkpointed(self) -> Refusals:
         return Refusals(self.windows.localCheckpoint(), self.per_message.localCheckpoint())
 
+    def none(self) -> Refusals:
+        """The same columns and no row: Spark plans every query that reads them as empty, and runs no job."""
+        return Refusals(self.windows.limit(0), self.per_message.limit(0))
+
 
 def refusals(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame) -> Refusals:
     """The refusals of tag filters between consecutive snapshots (see `Refusals`).
