@@ -118,7 +118,7 @@ bench-export: setup
 bench-collect: setup rocketmq
 	$(BIN)/python -m tests.bench.bench_collect
 
-# A serve cycle bringing about 1,000 new transactions to 1M and 2M reconciled ones (BENCH_TRANSACTIONS).
+# A serve cycle bringing about 1,000 new transactions to 10,000 and 1M reconciled ones (BENCH_TRANSACTIONS).
 bench-serve: setup
 	$(BIN)/python -m tests.bench.bench_serve
 

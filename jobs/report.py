@@ -36,9 +36,8 @@ from transforms.frames import kept_with_ranges, within
 log = logging.getLogger(__name__)
 
 ROWS = 500  # rows per table on the page; the header says when there are more
-# The lifecycle's columns the dashboard shows or counts by.
-LIFECYCLE_SHOWN = ("broker_name", "uniq_key", "producer_group", "real_topic", "state", "born_ts", "first_copy_ts",
-                   "first_commit_ts", "resolved_ts")  # fmt: skip
+# The lifecycle's columns the states' chart and the op lag read.
+LIFECYCLE_CHARTED = ("state", "born_ts", "first_copy_ts", "first_commit_ts", "resolved_ts")
 PENDING_AGES = {"1m": 60_000, "10m": 600_000, "1h": 3_600_000, "1d": 86_400_000}  # metric label: at least this old
 STUCK_AGE_BINS = ((0, "< 5 min"), (300_000, "5-15 min"), (900_000, "15-60 min"), (3_600_000, "1-6 h"),
                   (21_600_000, "6-24 h"), (86_400_000, "1-3 d"), (259_200_000, "> 3 d"))  # fmt: skip
@@ -105,11 +104,12 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     t = _tables(spark, config, names)
     if "txn_lifecycle" not in t or "anomalies" not in t:
         raise TxnReconError("no reconciled tables yet; run `txn-recon reconcile` (or `txn-recon run`) first")
-    # The states' chart, the op lag and the findings' transactions read the lifecycle five times: the columns
-    # they use are kept in memory, so that the table is read once.
-    life = t["txn_lifecycle"].select(*LIFECYCLE_SHOWN).persist()
+    # The states' chart and the op lag read the lifecycle four times: the columns they use are kept in memory.
+    # Not the keys and names, which only the findings' join reads, once: keeping a million transactions' keys in
+    # memory cost more than reading them for the join.
+    life = t["txn_lifecycle"].select(*LIFECYCLE_CHARTED).persist()
     # Anomalies are few next to transactions: keep them, with their transaction's group and topic, in memory.
-    txn = life.select("broker_name", "uniq_key", "producer_group", "real_topic", "state")
+    txn = t["txn_lifecycle"].select("broker_name", "uniq_key", "producer_group", "real_topic", "state")
     keyed = t["anomalies"].join(txn, on=["broker_name", "uniq_key"], how="left").persist()
     try:
         states = _over_time(life, F.coalesce("first_copy_ts", "first_commit_ts"), "state")
