@@ -16,9 +16,9 @@ memory of serve's process tree; serve's log is kept in artifacts/bench-logs. The
 the floor of that cycle (`tests.bench.floor cycle`): what Delta alone takes, warm, to write and read the
 rows the cycle wrote, with no rule, expectation or dashboard, and the same with the outputs appended
 instead of merged; its steps are kept beside serve's log. The last line puts the sizes side by side, "cycle
-ratio 1M/10k X; cycle/floor Y; jobs Z (floor F)": the cycle on the largest warehouse over the same on the
-smallest, and the largest cycle/floor and job count of any size (and the most its floor ran). A benchmark,
-not a test: nothing asserts on time.
+ratio 1M/10k X (floor R); cycle/floor Y; jobs Z (floor F)": the cycle on the largest warehouse over the same
+on the smallest (and the same ratio of their floors), and the largest cycle/floor and job count of any size
+(and the most its floor ran). A benchmark, not a test: nothing asserts on time.
 """
 
 from __future__ import annotations
@@ -182,12 +182,13 @@ def main() -> int:
 
 def ratios(measured: dict[int, tuple[float, float, int, int]]) -> str:
     """The issue's three figures in one line: the measured cycle on the largest warehouse over the same cycle
-    on the smallest, the largest cycle/floor of any size, and the most Spark jobs a cycle ran (with the most
-    its floor ran beside it)."""
+    on the smallest (with the same ratio of their floors: how much of the growth is the engine's, or the
+    hour's), the largest cycle/floor of any size, and the most Spark jobs a cycle ran (with the most its
+    floor ran beside it)."""
     small, large = min(measured), max(measured)
-    flat = measured[large][0] / measured[small][0]
+    flat, floor_flat = (measured[large][i] / measured[small][i] for i in (0, 1))
     return (
-        f"cycle ratio {_size(large)}/{_size(small)} {flat:.2f}; cycle/floor "
+        f"cycle ratio {_size(large)}/{_size(small)} {flat:.2f} (floor {floor_flat:.2f}); cycle/floor "
         f"{max(s / f for s, f, _, _ in measured.values()):.2f}; jobs {max(m[2] for m in measured.values())} "
         f"(floor {max(m[3] for m in measured.values())})"
     )
