@@ -74,10 +74,10 @@ def classify(
         facts.resolved_ts is not None
         and facts.max_check_times > 0
         and facts.max_copy_offset not in facts.op_offsets
-        and not (facts.discard_ts is not None and facts.discard_ts <= facts.resolved_ts)
+        and not (facts.discard_ts is not None and facts.last_copy_ts <= min([*facts.commit_ts, facts.resolved_ts]))
     ):
         # Resolved, but its newest copy is a check copy no op lists: the broker keeps checking it (unless it
-        # had discarded the transaction before the op came: then nothing was checked after it).
+        # has discarded the transaction, and no copy came after its first final message or its op).
         detail = {"discarded": facts.discard_ts is not None, "committed_twice": len(facts.commit_ts) > 1}
         anomalies.append(Anomaly("RECHECKED_AFTER_RESOLUTION", None, facts.resolved_ts, detail))
     if facts.commit_ts:

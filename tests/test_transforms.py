@@ -262,12 +262,20 @@ def test_rechecked_after_resolution(spark: SparkSession) -> None:
         half("U", 10, 3_000, checks=1),  # never resolved: pending, not rechecked
         half("D", 11, 1_000),
         half("D", 12, 3_000, checks=15),  # discarded, then committed 100 s later through its original half
+        half("S", 13, 1_000),
+        half("S", 14, 3_000, checks=3),  # committed before this check, discarded before its op came
+        half("W", 15, 1_000),
+        half("W", 16, 3_000, checks=3),  # committed after its last check and before the discard
     ]
-    ops = [("b", 0, 0, 4_500, "0,1,2,3,"), ("b", 0, 1, 9_000, "7,9,"), ("b", 0, 2, 104_500, "11,")]
-    reals = [commit("C", 0, 1_100, 0), commit("T", 1, 1_100, 200), commit("T", 2, 3_100, 700),
-             ("b", "TRANS_CHECK_MAX_TIME_TOPIC", 0, 0, 8_000, "C", 0, True, None, "pg"),
-             ("b", "TRANS_CHECK_MAX_TIME_TOPIC", 0, 1, 4_000, "D", 0, True, None, "pg"),
-             commit("D", 3, 104_000, 1_100)]  # fmt: skip
+    ops = [("b", 0, 0, 4_500, "0,1,2,3,"), ("b", 0, 1, 9_000, "7,9,"), ("b", 0, 2, 104_500, "11,"),
+           ("b", 0, 3, 7_000, "13,15,")]  # fmt: skip
+
+    def discard(uniq: str, qo: int, at: int) -> tuple[Any, ...]:
+        return ("b", "TRANS_CHECK_MAX_TIME_TOPIC", 0, qo, at, uniq, 0, True, None, "pg")
+
+    reals = [commit("C", 0, 1_100, 0), commit("T", 1, 1_100, 200), commit("T", 2, 3_100, 700), discard("C", 0, 8_000),
+             discard("D", 1, 4_000), commit("D", 3, 104_000, 1_100), commit("S", 4, 2_000, 1_300),
+             discard("S", 2, 5_000), commit("W", 5, 3_500, 1_500), discard("W", 3, 4_000)]  # fmt: skip
     as_of = 110_000
     life = build(spark, halves, ops, reals, as_of)
     got = {r["uniq_key"]: (r["event_ts"], json.loads(r["detail"]))
@@ -277,9 +285,12 @@ def test_rechecked_after_resolution(spark: SparkSession) -> None:
                       "discarded": True, "committed_twice": False}),
         "R": (4_500, {"state": "ROLLED_BACK", "unresolved_checks": 1, "check_times": 1, "op_lag_ms": None,
                       "discarded": False, "committed_twice": False}),
+        "S": (7_000, {"state": "COMMITTED", "unresolved_checks": 1, "check_times": 3, "op_lag_ms": 5_000,
+                      "discarded": True, "committed_twice": False}),
     }  # fmt: skip
-    # C was discarded after its op, so it was checked after its resolution; D was discarded before it was
-    # committed, so no check came after its op: it is a late commit alone.
+    # C and S were checked after their commit and discarded (C after its op, S before its lagging op); W's
+    # last check and D's came before their commit, and the discard ended the checks. D's commit came after
+    # the discard: it is a late commit alone.
     late = [(r["uniq_key"], r["reason"]) for r in found(life, orphaned_commit(as_of, RULES), as_of)]
     assert late == [("D", "AFTER_DISCARD")]
 

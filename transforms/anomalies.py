@@ -129,10 +129,14 @@ def rechecked_after_resolution() -> list[Finding]:
         (F.col("resolved_ts") - F.col("first_commit_ts")).alias("op_lag_ms"),
         F.col("discard_ts").isNotNull().alias("discarded"), (F.col("commit_count") > 1).alias("committed_twice"),
     )  # fmt: skip
-    # A transaction the broker had discarded before the op resolved it was not checked after that: a late
-    # commit through its original half is ORPHANED_COMMIT AFTER_DISCARD alone.
-    discarded_first = F.coalesce(F.col("discard_ts") <= F.col("resolved_ts"), F.lit(False))
-    holds = F.col("resolved_ts").isNotNull() & ~F.coalesce(F.col("last_check_resolved"), F.lit(True)) & ~discarded_first
+    # A discard ends the checks, so a discarded transaction was checked after its resolution only if a check
+    # copy came after it: after its first final message (the broker stores it on the end request) or its op
+    # (lagged by seconds, it may follow the discard). A late commit through the original half after the
+    # discard is ORPHANED_COMMIT AFTER_DISCARD alone.
+    settled = F.least("first_commit_ts", "resolved_ts")  # least skips nulls
+    checked_after = F.try_element_at("check_copies", F.lit(-1))["ts"] > settled
+    quiet_since = F.col("discard_ts").isNotNull() & ~F.coalesce(checked_after, F.lit(False))
+    holds = F.col("resolved_ts").isNotNull() & ~F.coalesce(F.col("last_check_resolved"), F.lit(True)) & ~quiet_since
     return [Finding(F.lit("RECHECKED_AFTER_RESOLUTION"), F.lit(None), holds, F.col("resolved_ts"), detail)]
 
 

@@ -69,7 +69,8 @@ def test_resolved_without_commit_is_rolled_back_even_if_maxed() -> None:
 def test_rechecked_when_the_newest_check_copy_stays_open() -> None:
     # Committed through the original (offset 0); the check copy at 7 came before the op and no op lists it.
     _, _, [a] = _classify(T0 + 10**6, commit_ts=[T0 + 100], resolved_ts=T0 + 4_000, max_check_times=1,
-                          max_copy_offset=7, op_offsets={0}, discard_ts=T0 + 90_000)  # fmt: skip
+                          max_copy_offset=7, last_copy_ts=T0 + 3_000, op_offsets={0},
+                          discard_ts=T0 + 90_000)  # fmt: skip
     assert (a.anomaly_type, a.event_ts, a.detail) == (
         "RECHECKED_AFTER_RESOLUTION",
         T0 + 4_000,
@@ -83,10 +84,15 @@ def test_rechecked_when_the_newest_check_copy_stays_open() -> None:
 
 
 def test_rechecked_only_when_a_check_could_follow_the_resolution() -> None:
-    """The newest copy is a check copy no op lists; it counts as re-checked after the resolution unless the
-    broker had discarded the transaction before the op came (a late commit through its original half)."""
-    copies = {"max_check_times": 15, "max_copy_offset": 9, "op_offsets": {0}, "commit_ts": [T0 + 100_000]}
-    _, _, found = _classify(T0 + 10**6, **copies, resolved_ts=T0 + 100_500, discard_ts=T0 + 500)
-    assert sorted((a.anomaly_type, a.reason) for a in found) == [("ORPHANED_COMMIT", "AFTER_DISCARD")]
-    _, _, found = _classify(T0 + 10**6, **copies, resolved_ts=T0 + 100_500, discard_ts=T0 + 200_000)
-    assert sorted((a.anomaly_type, a.reason) for a in found) == [("RECHECKED_AFTER_RESOLUTION", None)]
+    """The newest copy is a check copy no op lists. Of a discarded transaction, it counts as re-checked after
+    the resolution only if it came after the first final message or op: the discard ended the checks."""
+    copies = {"max_check_times": 3, "max_copy_offset": 9, "op_offsets": {0}, "last_copy_ts": T0 + 3_000}
+
+    def kinds(commit: int, discard: int, op: int) -> list[tuple[str, str | None]]:
+        found = _classify(T0 + 10**6, **copies, commit_ts=[T0 + commit], discard_ts=T0 + discard, resolved_ts=T0 + op)
+        return sorted((a.anomaly_type, a.reason) for a in found[2])
+
+    assert kinds(commit=100_000, discard=3_500, op=100_500) == [("ORPHANED_COMMIT", "AFTER_DISCARD")]  # late
+    assert kinds(commit=100, discard=5_000, op=7_000) == [("RECHECKED_AFTER_RESOLUTION", None)]  # op lagged
+    assert kinds(commit=100, discard=5_000, op=4_000) == [("RECHECKED_AFTER_RESOLUTION", None)]
+    assert kinds(commit=3_200, discard=3_500, op=7_000) == []  # committed after the last check
