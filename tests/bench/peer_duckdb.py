@@ -73,6 +73,7 @@ CREATE TABLE h AS
          min(store_timestamp) AS first_copy_ts, max(store_timestamp) AS last_copy_ts, count(*) AS copies,
          max(coalesce(check_times, 0)) AS check_times, list_sort(list(DISTINCT commit_log_offset)) AS copy_offsets,
          max(queue_offset) FILTER (WHERE coalesce(check_times, 0) > 0) AS last_check,
+         max(store_timestamp) FILTER (WHERE coalesce(check_times, 0) > 0) AS last_check_ts,
          list(DISTINCT queue_offset) FILTER (WHERE coalesce(check_times, 0) > 0) AS checks,
          min(topic) AS half_topic
   FROM half GROUP BY ALL;
@@ -119,7 +120,8 @@ CREATE TABLE lifecycle AS
          CASE WHEN commit_count > 0 THEN 'COMMITTED' WHEN resolved_ts IS NOT NULL THEN 'ROLLED_BACK'
               WHEN why IS NOT NULL THEN 'DISCARDED' ELSE 'PENDING' END AS state,
          why,
-         CASE WHEN last_check IS NOT NULL THEN list_contains(resolved, last_check) END AS last_check_resolved
+         CASE WHEN last_check IS NOT NULL THEN list_contains(resolved, last_check) END AS last_check_resolved,
+         last_check_ts > least(first_commit_ts, resolved_ts) AS checked_after_resolution
   FROM reasoned;
 """
 
@@ -139,8 +141,9 @@ def findings_sql(as_of: int, r: dict[str, int]) -> str:
         ("'ORPHANED_COMMIT'", "'OFFSET_MISMATCH'", f"commit_count > 0 AND copies > 0 AND len({stray}) > 0",
          "first_commit_ts"),
         ("'DUPLICATE_COMMIT'", "NULL", "commit_count > 1", "commit_ts[2]"),
-        ("'RECHECKED_AFTER_RESOLUTION'", "NULL", "resolved_ts IS NOT NULL AND NOT coalesce(last_check_resolved, true) "
-                                                 "AND NOT coalesce(discard_ts <= resolved_ts, false)", "resolved_ts"),
+        ("'RECHECKED_AFTER_RESOLUTION'", "NULL",
+         "resolved_ts IS NOT NULL AND NOT coalesce(last_check_resolved, true) "
+         "AND (discard_ts IS NULL OR coalesce(checked_after_resolution, false))", "resolved_ts"),
     ]  # fmt: skip
     transactions = " UNION ALL ".join(
         f"SELECT {kind} AS anomaly_type, {reason} AS reason, broker_name, uniq_key, NULL AS consumer_group, "
