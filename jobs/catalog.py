@@ -27,6 +27,8 @@ def create_table(
 ) -> str:
     """Create the Delta table for `schema` if it does not exist; return its catalog name."""
     table = config.table(name or schema.name)
+    if spark.catalog.tableExists(table):  # a catalog lookup: Delta's create-if-missing reads the table's log too
+        return table
     builder = DeltaTable.createIfNotExists(spark).tableName(table).addColumns(to_struct(schema))
     for key, value in (properties or {}).items():
         builder = builder.property(key, value)

@@ -214,12 +214,17 @@ def latest_event(spark: SparkSession, config: Config, bronze: dict[str, DataFram
 
 
 def ensure_outputs(spark: SparkSession, config: Config) -> str | None:
-    """Create the output tables that are missing. One whose columns differ from its schema (written by an
-    older version) is derived data: it is dropped and rebuilt, and the reason is returned."""
+    """Create the output tables that are missing, found in one catalog listing. One whose columns differ from
+    its schema (written by an older version) is derived data: it is dropped and rebuilt, and the reason is
+    returned."""
+    listed = spark.sql(f"SHOW TABLES IN {config.database}").collect()
+    existing = {r["tableName"] for r in listed if not r["isTemporary"]}
     reason = None
     for schema in OUTPUTS:
         table = config.table(schema.name)
-        if spark.catalog.tableExists(table) and not _same_columns(spark.table(table).schema, schema):
+        if schema.name in existing:
+            if _same_columns(spark.table(table).schema, schema):
+                continue
             log.warning("  %s has other columns than this version writes; rebuilding it", table)
             spark.sql(f"DROP TABLE {table}")
             reason = f"{schema.name} was rebuilt with new columns"
@@ -228,7 +233,10 @@ def ensure_outputs(spark: SparkSession, config: Config) -> str | None:
         properties = {"delta.enableDeletionVectors": "true", "delta.enableChangeDataFeed": "true"}
         stats = LIFECYCLE_STATS_COLUMNS if schema is TXN_LIFECYCLE else ()
         create_table(spark, config, schema, properties=properties, stats_columns=stats)
-    add_new_fields(spark, create_table(spark, config, RECONCILE_RUNS), RECONCILE_RUNS)
+    if RECONCILE_RUNS.name in existing:
+        add_new_fields(spark, config.table(RECONCILE_RUNS.name), RECONCILE_RUNS)
+    else:
+        create_table(spark, config, RECONCILE_RUNS)
     spark.sql(broker_writes_view(config))
     spark.sql(trace_coverage_view(config))
     return reason

@@ -15,6 +15,7 @@ from jobs.cli import main
 from jobs.config import Config
 from jobs.reconcile import reconcile
 from jobs.score import score
+from schemas.reconciled import DELIVERY_COUNTS
 from schemas.truth import truth_key
 from tests.broker.harness import run_model
 from tests.test_ingest import fresh_db, ingest, make_landing, version
@@ -184,3 +185,28 @@ def test_a_later_run_clears_a_stuck_half_that_committed(spark: SparkSession, rec
     assert state is not None and state["state"] == "COMMITTED"
     past = spark.read.option("versionAsOf", version).table(cfg.table("anomalies"))
     assert past.where(stuck).count() == 1  # Delta history keeps the past view
+
+
+def test_an_output_with_other_columns_is_rebuilt_and_a_missing_one_created(
+    spark: SparkSession, reconciled: Reconciled
+) -> None:
+    """An output table an older version wrote with other columns is derived data: dropped, rebuilt, and the
+    run full, saying why; so is one that went missing. The rows come out as before, and the next run finds
+    nothing to do."""
+    cfg = reconciled.cfg
+    before = {t: _table(spark, cfg, t) for t in ("delivery_counts", "offset_commits", "anomalies")}
+    spark.sql(f"DROP TABLE {cfg.table('delivery_counts')}")
+    spark.sql(f"CREATE TABLE {cfg.table('delivery_counts')} (consumer_group STRING) USING delta")
+    reconcile(spark, cfg)
+    last = spark.table(cfg.table("reconcile_runs")).orderBy("finished_at").collect()[-1]
+    assert (last["mode"], last["reason"]) == ("full", "delivery_counts was rebuilt with new columns")
+    assert spark.table(cfg.table("delivery_counts")).columns == list(DELIVERY_COUNTS.names)
+
+    spark.sql(f"DROP TABLE {cfg.table('offset_commits')}")
+    reconcile(spark, cfg)
+    last = spark.table(cfg.table("reconcile_runs")).orderBy("finished_at").collect()[-1]
+    assert last["mode"] == "full" and last["reason"].startswith("offset_commits is at version"), last["reason"]
+    assert {t: _table(spark, cfg, t) for t in before} == before
+
+    reconcile(spark, cfg)
+    assert spark.table(cfg.table("reconcile_runs")).orderBy("finished_at").collect()[-1]["mode"] == "unchanged"
