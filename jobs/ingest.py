@@ -17,8 +17,10 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,9 @@ BROADCAST_KEYS = 250_000  # key facts up to this many rows (some tens of MiB) go
 # of half a million rows each was read whole by every such lookup.
 FILE_ROWS = 100_000
 FATES = (INSERT, DUPLICATE, QUARANTINED)
+# Streams are ingested two at a time; their writes to the tables they share go one at a time (a quarantine
+# write reads the table it appends to, so two at once could conflict).
+_SHARED_WRITE = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -135,8 +140,14 @@ def ingest_landing(
     # Archived files leave the landing: those still in it are new, or recorded by a run that died before
     # it moved them, so only theirs need looking up.
     seen = seen_files(spark, config, [f for files in listed.values() for f in files] if config.ingest.archive else None)
-    tallies = {s: ingest_stream(spark, config, landing, s, files, run_id, ingested_at, seen)
-               for s, files in listed.items()}  # fmt: skip
+
+    def stream(s: str) -> Tally:
+        return ingest_stream(spark, config, landing, s, listed[s], run_id, ingested_at, seen)
+
+    # Two streams at a time, each into its own table: most of a small batch's time is the driver's (planning,
+    # Delta's log and commit), so one stream's jobs run while the other's driver works.
+    with ThreadPoolExecutor(2, "ingest") as pool:
+        tallies = dict(zip(listed, pool.map(stream, listed), strict=True))
     record_run(spark, config, run_id, tallies)
     land_collect_runs(spark, config, landing, run_id)
     return tallies
@@ -387,7 +398,8 @@ def write_quarantine(
         "stream", "source_file", "raw", "reason", "raw_hash",
         F.lit(run_id).alias("run_id"), F.lit(ingested_at).alias("ingested_at"),
     )  # fmt: skip
-    new.write.format("delta").mode("append").saveAsTable(config.table(QUARANTINE.name))
+    with _SHARED_WRITE:
+        new.write.format("delta").mode("append").saveAsTable(config.table(QUARANTINE.name))
 
 
 def record_files(

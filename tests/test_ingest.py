@@ -423,7 +423,7 @@ def test_an_engine_failure_quarantines_nothing_and_the_next_run_lands_everything
     assert spark.table(cfg.table("quarantine")).count() == 0
     assert spark.table(cfg.table("op_events")).count() == 0
     assert spark.table(cfg.table("ingest_files")).where("stream = 'op'").count() == 0
-    assert rows(spark, cfg, "half") == landed(landing / "half")  # the stream before the failure is in
+    assert rows(spark, cfg, "half") == landed(landing / "half")  # a stream ingested beside the failing one is in
 
     monkeypatch.undo()
     rerun = ingest(spark, cfg, landing, "run-after-failure")
