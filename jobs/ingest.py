@@ -71,8 +71,8 @@ BROADCAST_KEYS = 250_000  # key facts up to this many rows (some tens of MiB) go
 # of half a million rows each was read whole by every such lookup.
 FILE_ROWS = 100_000
 FATES = (INSERT, DUPLICATE, QUARANTINED)
-# Streams are ingested two at a time; their writes to the tables they share go one at a time (a quarantine
-# write reads the table it appends to, so two at once could conflict).
+# Streams are ingested two at a time. A quarantine write reads the table it appends to, so two at once could
+# conflict: they go one at a time. The files' records are blind appends, which Delta commits side by side.
 _SHARED_WRITE = threading.Lock()
 
 
