@@ -16,6 +16,11 @@ from schemas.spark import to_struct
 log = logging.getLogger(__name__)
 
 
+def tables_in(spark: SparkSession, database: str) -> set[str]:
+    """The names of the database's tables and views, in one catalog listing (temporary views left out)."""
+    return {r["tableName"] for r in spark.sql(f"SHOW TABLES IN {database}").where("NOT isTemporary").collect()}
+
+
 def create_table(
     spark: SparkSession,
     config: Config,

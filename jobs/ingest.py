@@ -29,7 +29,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.catalog import add_new_fields, create_table
+from jobs.catalog import add_new_fields, create_table, tables_in
 from jobs.config import Config
 from jobs.errors import EngineError, TxnReconError, first_line, is_unreadable_file
 from jobs.lock import warehouse_lock
@@ -155,7 +155,7 @@ def ingest_landing(
 
 def ensure_tables(spark: SparkSession, config: Config) -> None:
     """Create the bronze and bookkeeping tables that do not exist yet (one catalog listing)."""
-    existing = {r["tableName"] for r in spark.sql(f"SHOW TABLES IN {config.database}").collect()}
+    existing = tables_in(spark, config.database)
     for stream, schema in BRONZE.items():
         if schema.name not in existing:
             create_table(spark, config, schema, properties={"delta.enableChangeDataFeed": "true"},

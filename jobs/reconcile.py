@@ -36,7 +36,7 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from jobs.catalog import add_new_fields, create_table, table_version
+from jobs.catalog import add_new_fields, create_table, table_version, tables_in
 from jobs.config import Config
 from jobs.errors import TxnReconError, first_line
 from jobs.ingest import new_run_id
@@ -217,8 +217,7 @@ def ensure_outputs(spark: SparkSession, config: Config) -> str | None:
     """Create the output tables that are missing, found in one catalog listing. One whose columns differ from
     its schema (written by an older version) is derived data: it is dropped and rebuilt, and the reason is
     returned."""
-    listed = spark.sql(f"SHOW TABLES IN {config.database}").collect()
-    existing = {r["tableName"] for r in listed if not r["isTemporary"]}
+    existing = tables_in(spark, config.database)
     reason = None
     for schema in OUTPUTS:
         table = config.table(schema.name)

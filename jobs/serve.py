@@ -34,7 +34,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.utils import AnalysisException
 
 from jobs import ingest, quality, reconcile, report
-from jobs.catalog import add_new_fields, compact, create_table
+from jobs.catalog import add_new_fields, compact, create_table, tables_in
 from jobs.collect import credentials
 from jobs.config import Config, host_port
 from jobs.errors import EngineError, TxnReconError, first_line
@@ -190,8 +190,7 @@ class Engine:
     def compact(self, c: Cycle) -> None:
         """Join the small files every table gathered over the last cycles (ingest's appends, reconcile's merges,
         a row per cycle in the run tables): a scan pays for each file, and a service adds some every cycle."""
-        tables = self.spark.sql(f"SHOW TABLES IN {self.config.database}").where("NOT isTemporary").collect()
-        for name in sorted(r["tableName"] for r in tables):
+        for name in sorted(tables_in(self.spark, self.config.database)):
             if self.stop.is_set():  # a stop waits for one table's compaction at most
                 break
             try:
