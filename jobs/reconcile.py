@@ -335,8 +335,10 @@ def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[st
     commits_df = offset_commits(offset)
     snapshots = snapshots_up_to(frames, as_of)
     # Findings and refusals are few, and both the anomalies and the deliveries read them: computed once, kept.
-    refused = refused_by_filters(snapshots, commits_df, real)
-    groups = group_anomalies(snapshots, commits_df, real, frames["copy"], refused, as_of, rules.stranded_after_ms)
+    snapshotted = not snapshots.isEmpty()
+    refused = refused_by_filters(snapshots, commits_df, real, snapshotted)
+    groups = group_anomalies(snapshots, commits_df, real, frames["copy"], refused, as_of, rules.stranded_after_ms,
+                             snapshotted)  # fmt: skip
     whole = commits_df.transform(offset_regressions(real, as_of)).unionByName(groups).localCheckpoint()
     delivered = deliveries(real, snapshots, commits_df, frames["copy"], whole, refused, as_of)
     found = [transaction_anomalies(life, as_of, rules, trace), whole, cluster_anomalies(frames, as_of, rules),
@@ -371,12 +373,13 @@ def cluster_anomalies(frames: dict[str, DataFrame], as_of: int, rules: Rules) ->
     return topology.sparkSession.createDataFrame(found, to_struct(ANOMALIES))
 
 
-def refused_by_filters(snapshots: DataFrame, commits: DataFrame, real: DataFrame) -> Refusals:
+def refused_by_filters(snapshots: DataFrame, commits: DataFrame, real: DataFrame, seen: bool | None = None) -> Refusals:
     """The tag filters' refusals, kept. Every window a filter could refuse in is bounded by a consumer snapshot:
     with none (a warehouse that collects no consumer groups) there is none, and computing them still ran Spark
-    jobs."""
+    jobs. `seen`: whether there is a snapshot, when the caller knows."""
     found = refusals(snapshots, commits, real)
-    return found.none() if snapshots.isEmpty() else found.checkpointed()
+    seen = not snapshots.isEmpty() if seen is None else seen
+    return found.checkpointed() if seen else found.none()
 
 
 def snapshots_up_to(frames: dict[str, DataFrame], as_of: int) -> DataFrame:
@@ -479,11 +482,12 @@ def incremental(
         untouched = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
         every_commit = union_all([untouched.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
         # The group findings and offset regressions are recomputed whole (WHOLE_TYPES).
-        refused = refused_by_filters(snapshots, every_commit, real)
+        snapshotted = not snapshots.isEmpty()
+        refused = refused_by_filters(snapshots, every_commit, real, snapshotted)
         whole = (
             every_commit.transform(offset_regressions(real, as_of))
             .unionByName(group_anomalies(snapshots, every_commit, real, copies, refused, as_of,
-                                         rules.stranded_after_ms))
+                                         rules.stranded_after_ms, snapshotted))
             .localCheckpoint()
         )  # fmt: skip
         wants = wants_json(wanted(snapshots, every_commit))

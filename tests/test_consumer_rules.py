@@ -16,11 +16,12 @@ from pyspark.sql import functions as F
 from jobs.reconcile import refused_by_filters
 from jobs.report import group_deliveries
 from jobs.session import jobs_started
-from schemas.landing import CONSUMER
+from schemas.landing import CONSUMER, COPY
 from schemas.spark import to_struct
 from transforms.anomalies import offset_commits
 from transforms.consumers import (
     dead_letters,
+    group_anomalies,
     offset_jumps,
     redeliveries,
     refusals,
@@ -285,6 +286,21 @@ def test_without_a_consumer_snapshot_no_filter_refused_anything_and_finding_so_r
     assert taken.windows.collect() == taken.per_message.collect() == []
     assert found(undelivered(taken, AS_OF)) == []
     assert jobs_started(spark) == before
+
+
+def test_without_a_consumer_snapshot_the_group_rules_that_read_them_are_left_out(spark: SparkSession) -> None:
+    """With no snapshot, reconcile leaves out the four rules that read them: the findings are the same as with
+    every rule (an offset jump here), as are their columns."""
+    commits = [("t", 0, 5, T, "A", 1), ("t", 0, 40, T + 1, None, 2), ("t", 0, 10, T + 2, "A", 3)]
+    cons, commits_df, stored = frames(spark, [], commits, {("t", 0): 45})
+    real = stored.withColumn("uniq_key", F.lit(None).cast("string")).withColumn("transaction_id", F.col("uniq_key"))
+    copy = spark.createDataFrame([], to_struct(COPY))
+    refused = refused_by_filters(cons, commits_df, real)
+    every, left_out = (group_anomalies(cons, commits_df, real, copy, refused, AS_OF, 60_000, snapshots_seen=seen)
+                       for seen in (True, False))  # fmt: skip
+    assert left_out.schema == every.schema
+    assert [kind for kind, *_ in found(left_out)] == ["OFFSET_JUMP"]
+    assert found(left_out) == found(every)
 
 
 def test_what_a_filter_may_have_refused_is_possibly_undelivered(spark: SparkSession) -> None:
