@@ -15,6 +15,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -123,11 +124,15 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
             "states_over_time": states,
             "anomalies_over_time": anomalies,
         }
-        data |= _anomaly_tables(keyed, data["anomaly_counts"])
-        data |= _group_findings(keyed, data["anomaly_counts"])
+        listed = _listed(keyed)
+        data |= _anomaly_tables(keyed, data["anomaly_counts"], listed)
+        data |= _group_findings(keyed, data["anomaly_counts"], listed)
         data["op_lag"], lifecycle_figures = _op_lag(life, data["as_of"])
         findings = _findings(keyed)
-        data["trace"] = _trace(keyed, t.get("trace_events"), t.get("real_events"), data["as_of"])
+        trace = _trace(keyed, t.get("trace_events"), t.get("real_events"), data["as_of"])
+        contradictions = data["anomaly_counts"].get("TRACE_CONTRADICTION", 0)
+        data["trace"] = trace | {"contradictions": listed["contradictions"], "contradictions_total": contradictions}
+        data |= _brokers(spark, config, data["anomaly_counts"], listed)
     finally:
         keyed.unpersist()
         life.unpersist()
@@ -142,7 +147,6 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     if counts is not None and shown:
         per_group = _over_time_by(counts, F.col("second_ts"), "status", "consumer_group", F.col("messages"))
     data["deliveries_over_time"] = {group: per_group.get(group, _no_times()) for group in shown}
-    data |= _brokers(spark, config, t["anomalies"], data["anomaly_counts"])
     # What `txn-recon serve` exports as metrics, from the same reads: a cycle reads each table once.
     data["figures"] = {"as_of": data["as_of"], **findings, **lifecycle_figures, "deliveries": data["deliveries"],
                        "trace": data["trace"]}  # fmt: skip
@@ -154,8 +158,8 @@ LATENCY_WINDOW_MS = 3_600_000  # consumption latency over the last hour of trace
 
 def _trace(keyed: DataFrame, trace: DataFrame | None, real: DataFrame | None, as_of: int | None) -> dict[str, Any]:
     """What the message trace says (docs/concepts/trace.md): discards by cause, per group the traced duplicates
-    (predicted by the offsets or not) and failed attempts, the contradictions, and per group the latency from a
-    message's store time to its first traced attempt (p50, p99) over the last hour."""
+    (predicted by the offsets or not) and failed attempts, and the latency from a message's store time to its
+    first traced attempt (p50, p99) over the last hour. The contradictions are a table of LISTED."""
     kind = F.col("anomaly_type")
     causes = keyed.where(kind == "DISCARDED_AFTER_MAX_CHECKS").groupBy(_detail("cause")).count().collect()
     per_group = (
@@ -194,19 +198,12 @@ def _trace(keyed: DataFrame, trace: DataFrame | None, real: DataFrame | None, as
                "missed", "failed_messages")  # fmt: skip
     rows = [{c: g.get(c, 0 if c in ("duplicates", "predicted", "missed", "failed_messages") else None)
              for c in columns} for _, g in sorted(groups.items())]  # fmt: skip
-    contradictions = keyed.where(kind == "TRACE_CONTRADICTION")
     return {
         "discard_causes": [
             {"cause": r["cause"] or "untraced", "discards": r["count"]}
             for r in sorted(causes, key=lambda r: r["cause"] or "")
         ],
         "groups": rows,
-        "contradictions": _rows(
-            contradictions.orderBy(F.desc("event_ts"), "anomaly_id"),
-            ["reason", "broker_name", "uniq_key", "consumer_group", "event_ts", "detail"],
-            ROWS,
-        ),
-        "contradictions_total": contradictions.count(),
     }
 
 
@@ -226,7 +223,7 @@ def _findings(keyed: DataFrame) -> dict[str, list[dict[str, Any]]]:
     return {"findings": [r.asDict() for r in per_group.collect()], "ongoing": [r.asDict() for r in ongoing.collect()]}
 
 
-def _brokers(spark: SparkSession, config: Config, anomalies: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
+def _brokers(spark: SparkSession, config: Config, counts: dict[str, int], listed: Listed) -> dict[str, Any]:
     """Writes per broker over time (the broker_writes view, bucketed as the other charts), every broker of the
     topology at zero where it stored nothing, and the cluster findings."""
     out: dict[str, Any] = {"broker_writes": _no_times()}
@@ -245,17 +242,10 @@ def _brokers(spark: SparkSession, config: Config, anomalies: DataFrame, counts: 
     if spark.catalog.tableExists(config.table("topology_events")):
         members = spark.table(config.table("topology_events")).where("kind = 'broker' AND broker_id = 0")
         out["brokers"] = sorted(r["broker_name"] for r in members.select("broker_name").distinct().collect())
-    kind, latest = F.col("anomaly_type"), (F.desc("event_ts"), "anomaly_id")
-    gap_columns: list[str | Column] = [
-        "broker_name", "topic", "reason", _detail("cluster"), _detail("since"), _detail("until"),
-        _detail("served_by"), _detail("fix"), "anomaly_id",
-    ]  # fmt: skip
-    idle_columns: list[str | Column] = ["broker_name", _detail("cluster"), _detail("since"), _detail("until"),
-                                        _detail("windows"), _detail("cluster_messages"), "anomaly_id"]  # fmt: skip
     return out | {
-        "topic_gaps": _rows(anomalies.where(kind == "TOPIC_NOT_ON_BROKER").orderBy(*latest), gap_columns, ROWS),
+        "topic_gaps": listed["topic_gaps"],
         "topic_gaps_total": counts.get("TOPIC_NOT_ON_BROKER", 0),
-        "idle_brokers": _rows(anomalies.where(kind == "BROKER_WITHOUT_WRITES").orderBy(*latest), idle_columns, ROWS),
+        "idle_brokers": listed["idle_brokers"],
         "idle_brokers_total": counts.get("BROKER_WITHOUT_WRITES", 0),
     }
 
@@ -300,68 +290,33 @@ def group_deliveries(counts: DataFrame | None, deliveries: DataFrame | None, as_
     ]  # fmt: skip
 
 
-def _anomaly_tables(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
-    kind = F.col("anomaly_type")
-    stuck = keyed.where(kind == "STUCK_HALF").withColumn("age_ms", _detail("age_ms").cast("long"))
-    stuck_columns: list[str | Column] = [
-        "broker_name", "uniq_key", "age_ms", "producer_group",
-        _detail("check_times"), _detail("broker_still_checking"), "event_ts", "anomaly_id",
-    ]  # fmt: skip
-    txn_columns = ["anomaly_type", "reason", "broker_name", "uniq_key", "producer_group", "real_topic", "state",
-                   "event_ts", "detail", "anomaly_id"]  # fmt: skip
-    latest = (F.desc("event_ts"), "anomaly_id")
-    regressions = keyed.where(kind == "OFFSET_REGRESSION")
-    regression_columns: list[str | Column] = [
-        "consumer_group", "topic", "queue_id", "broker_name", "event_ts",
-        _detail("from_offset"), _detail("to_offset"), _detail("redelivery_estimate"),
-        _detail("client_before"), _detail("client_after"), "anomaly_id",
-    ]  # fmt: skip
-    by_queue = ("consumer_group", "topic", "queue_id", "event_ts")
+def _anomaly_tables(keyed: DataFrame, counts: dict[str, int], listed: Listed) -> dict[str, Any]:
+    stuck = keyed.where(F.col("anomaly_type") == "STUCK_HALF").withColumn("age_ms", _detail("age_ms").cast("long"))
     return {
         "stuck_age_bins": _age_bins(stuck),
-        "stuck_oldest": _rows(stuck.orderBy(F.desc("age_ms"), "anomaly_id"), stuck_columns, 25),
+        "stuck_oldest": listed["stuck_oldest"],
         "stuck_total": counts.get("STUCK_HALF", 0),
-        "discarded": _rows(keyed.where(kind.startswith("DISCARDED_")).orderBy(*latest), txn_columns, ROWS),
+        "discarded": listed["discarded"],
         "discarded_total": counts.get("DISCARDED_AFTER_MAX_CHECKS", 0) + counts.get("DISCARDED_EXPIRED", 0),
-        "orphaned": _rows(keyed.where(kind == "ORPHANED_COMMIT").orderBy(*latest), txn_columns, ROWS),
+        "orphaned": listed["orphaned"],
         "orphaned_total": counts.get("ORPHANED_COMMIT", 0),
-        "duplicates": _rows(keyed.where(kind == "DUPLICATE_COMMIT").orderBy(*latest), txn_columns, ROWS),
+        "duplicates": listed["duplicates"],
         "duplicates_total": counts.get("DUPLICATE_COMMIT", 0),
-        "rechecked": _rows(keyed.where(kind == "RECHECKED_AFTER_RESOLUTION").orderBy(*latest), txn_columns, ROWS),
+        "rechecked": listed["rechecked"],
         "rechecked_total": counts.get("RECHECKED_AFTER_RESOLUTION", 0),
-        "regressions": _rows(regressions.orderBy(*by_queue), regression_columns, ROWS),
+        "regressions": listed["regressions"],
         "regressions_total": counts.get("OFFSET_REGRESSION", 0),
     }
 
 
-def _group_findings(keyed: DataFrame, counts: dict[str, int]) -> dict[str, Any]:
+def _group_findings(keyed: DataFrame, counts: dict[str, int], listed: Listed) -> dict[str, Any]:
     """The consumer-group findings: conflicts, stranded queues, expected duplicates at hand-offs, jumps,
     messages parked in a dead-letter queue, and messages a tag filter kept from the group."""
-    kind, latest = F.col("anomaly_type"), (F.desc("event_ts"), "anomaly_id")
-    by_type: dict[str, tuple[str, list[str | Column]]] = {
-        "conflicts": ("SUBSCRIPTION_CONFLICT", ["consumer_group", "broker_name", "event_ts", _detail("until"),
-                                                _detail("ongoing"), _detail("broker_table"), _detail("members")]),
-        "stranded": ("STRANDED_QUEUE", ["consumer_group", "topic", "queue_id", "broker_name", _detail("lag"),
-                                        _detail("cause"), "event_ts", _detail("until"), _detail("ongoing")]),
-        "handoffs": ("REDELIVERY_AT_HANDOFF", ["consumer_group", "topic", "queue_id", "broker_name", "event_ts",
-                                               _detail("old_holder"), _detail("new_holders"), _detail("from_offset"),
-                                               _detail("to_offset"), _detail("duplicates_estimate"),
-                                               _detail("old_holder_gone")]),
-        "jumps": ("OFFSET_JUMP", ["consumer_group", "topic", "queue_id", "broker_name", "event_ts",
-                                  _detail("from_offset"), _detail("to_offset"), _detail("skipped")]),
-        "dead_letters": ("DEAD_LETTERED", ["consumer_group", "topic", "queue_id", "broker_name", "uniq_key", "event_ts",
-                                           _detail("reconsume_times"), _detail("transaction_id"),
-                                           _detail("dlq_topic"), _detail("dlq_queue_offset")]),
-        "undelivered": ("UNDELIVERED", ["consumer_group", "topic", "queue_id", "broker_name", "event_ts",
-                                        _detail("until"), _detail("messages"), _detail("at_most"),
-                                        _detail("before_first_snapshot"), _detail("exact"),
-                                        _detail("refused_by"), _detail("filters")]),
-    }  # fmt: skip
     out: dict[str, Any] = {}
-    for name, (anomaly_type, columns) in by_type.items():
-        found = keyed.where(kind == anomaly_type)
-        out[name] = _rows(found.orderBy(*latest), [*columns, "anomaly_id"], ROWS)
-        out[f"{name}_total"] = counts.get(anomaly_type, 0)
+    for name in GROUP_TABLES:
+        out[name] = listed[name]
+        out[f"{name}_total"] = counts.get(LISTED[name].types[0], 0)
+    kind = F.col("anomaly_type")
     estimate = F.get_json_object("detail", "$.duplicates_estimate").cast("long")
     lost = F.get_json_object("detail", "$.messages").cast("long")
     duplicates, undelivered = keyed.agg(F.sum(F.when(kind == "REDELIVERY_AT_HANDOFF", estimate)),
@@ -403,6 +358,91 @@ def _groups(consumer: DataFrame | None) -> dict[str, Any]:
         "ownership": _rows(ownership.orderBy(*queue, "from_ts"), ownership.columns, ROWS),
         "ownership_total": ownership.count(),
     }
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table of findings on the page: the first `limit` findings of `types` in `order` ("latest": the latest
+    first; "oldest": the oldest stuck half first; "queue": by group, topic, broker, queue, then time), with `columns`
+    (`detail.x`: that field of the JSON detail, as a string named x)."""
+
+    types: tuple[str, ...]
+    columns: tuple[str, ...]
+    order: str = "latest"
+    limit: int = ROWS
+
+
+Listed = dict[str, list[dict[str, Any]]]  # table name -> its rows
+TXN_COLUMNS = ("anomaly_type", "reason", "broker_name", "uniq_key", "producer_group", "real_topic", "state", "event_ts",
+               "detail", "anomaly_id")  # fmt: skip
+GROUP_TABLES = ("conflicts", "stranded", "handoffs", "jumps", "dead_letters", "undelivered")
+LISTED = {
+    "stuck_oldest": Table(("STUCK_HALF",), ("broker_name", "uniq_key", "age_ms", "producer_group", "detail.check_times",
+                          "detail.broker_still_checking", "event_ts", "anomaly_id"), "oldest", 25),
+    "discarded": Table(("DISCARDED_AFTER_MAX_CHECKS", "DISCARDED_EXPIRED"), TXN_COLUMNS),
+    "orphaned": Table(("ORPHANED_COMMIT",), TXN_COLUMNS),
+    "duplicates": Table(("DUPLICATE_COMMIT",), TXN_COLUMNS),
+    "rechecked": Table(("RECHECKED_AFTER_RESOLUTION",), TXN_COLUMNS),
+    "regressions": Table(("OFFSET_REGRESSION",), ("consumer_group", "topic", "queue_id", "broker_name", "event_ts",
+                         "detail.from_offset", "detail.to_offset", "detail.redelivery_estimate",
+                         "detail.client_before", "detail.client_after", "anomaly_id"), "queue"),
+    "conflicts": Table(("SUBSCRIPTION_CONFLICT",), ("consumer_group", "broker_name", "event_ts", "detail.until",
+                       "detail.ongoing", "detail.broker_table", "detail.members", "anomaly_id")),
+    "stranded": Table(("STRANDED_QUEUE",), ("consumer_group", "topic", "queue_id", "broker_name", "detail.lag",
+                      "detail.cause", "event_ts", "detail.until", "detail.ongoing", "anomaly_id")),
+    "handoffs": Table(("REDELIVERY_AT_HANDOFF",), ("consumer_group", "topic", "queue_id", "broker_name", "event_ts",
+                      "detail.old_holder", "detail.new_holders", "detail.from_offset", "detail.to_offset",
+                      "detail.duplicates_estimate", "detail.old_holder_gone", "anomaly_id")),
+    "jumps": Table(("OFFSET_JUMP",), ("consumer_group", "topic", "queue_id", "broker_name", "event_ts",
+                   "detail.from_offset", "detail.to_offset", "detail.skipped", "anomaly_id")),
+    "dead_letters": Table(("DEAD_LETTERED",), ("consumer_group", "topic", "queue_id", "broker_name", "uniq_key",
+                          "event_ts", "detail.reconsume_times", "detail.transaction_id", "detail.dlq_topic",
+                          "detail.dlq_queue_offset", "anomaly_id")),
+    "undelivered": Table(("UNDELIVERED",), ("consumer_group", "topic", "queue_id", "broker_name", "event_ts",
+                         "detail.until", "detail.messages", "detail.at_most", "detail.before_first_snapshot",
+                         "detail.exact", "detail.refused_by", "detail.filters", "anomaly_id")),
+    "contradictions": Table(("TRACE_CONTRADICTION",), ("reason", "broker_name", "uniq_key", "consumer_group",
+                            "event_ts", "detail")),
+    "topic_gaps": Table(("TOPIC_NOT_ON_BROKER",), ("broker_name", "topic", "reason", "detail.cluster", "detail.since",
+                        "detail.until", "detail.served_by", "detail.fix", "anomaly_id")),
+    "idle_brokers": Table(("BROKER_WITHOUT_WRITES",), ("broker_name", "detail.cluster", "detail.since", "detail.until",
+                          "detail.windows", "detail.cluster_messages", "anomaly_id")),
+}  # fmt: skip
+
+
+def _listed(keyed: DataFrame) -> Listed:
+    """The rows of every table in LISTED, from one query over the findings: a query per table cost a Spark job
+    or two each, some fifteen per cycle. Each finding belongs to one table at most."""
+    kind, names = F.col("anomaly_type"), list(LISTED)
+    table = functools.reduce(lambda c, n: c.when(kind.isin(*LISTED[n].types), n), names[1:],
+                             F.when(kind.isin(*LISTED[names[0]].types), names[0]))  # fmt: skip
+
+    def ordered(order: str, column: str) -> Column:  # null outside the tables in that order: no effect there
+        return F.when(F.col("_table").isin(*[n for n, t in LISTED.items() if t.order == order]), F.col(column))
+
+    rank = F.row_number().over(Window.partitionBy("_table").orderBy(
+        ordered("latest", "event_ts").desc(), ordered("oldest", "age_ms").desc(),
+        *[ordered("queue", c) for c in ("consumer_group", "topic", "broker_name", "queue_id", "event_ts")],
+        "anomaly_id",
+    ))  # fmt: skip
+    limit = F.create_map(*[F.lit(v) for n, t in LISTED.items() for v in (n, t.limit)])[F.col("_table")]
+    fields = dict.fromkeys(c for t in LISTED.values() for c in t.columns)
+    columns = [_detail(_named(c)) if c.startswith("detail.") else F.col(c) for c in fields]
+    rows = (
+        keyed.withColumn("_table", table).where(F.col("_table").isNotNull())
+        .withColumn("age_ms", _detail("age_ms").cast("long"))
+        .withColumn("_rank", rank).where(F.col("_rank") <= limit)
+        .select("_table", "_rank", *columns)
+        .collect()
+    )  # fmt: skip
+    out: Listed = {name: [] for name in LISTED}
+    for r in sorted(rows, key=lambda r: r["_rank"]):
+        out[r["_table"]].append({_named(c): r[_named(c)] for c in LISTED[r["_table"]].columns})
+    return out
+
+
+def _named(column: str) -> str:
+    return column.removeprefix("detail.")
 
 
 def _detail(field: str) -> Column:

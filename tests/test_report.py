@@ -1,7 +1,10 @@
-"""The dashboard's aggregates over Spark: counts over time, for a whole table and per consumer group."""
+"""The dashboard's aggregates over Spark: counts over time, for a whole table and per consumer group, and the
+tables of findings."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections import Counter
 
 import pytest
@@ -9,7 +12,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dashboard.charts import bucket_ms
-from jobs.report import _over_time, _over_time_by
+from jobs import report
+from jobs.report import _listed, _over_time, _over_time_by
 
 pytestmark = pytest.mark.spark
 
@@ -38,3 +42,44 @@ def test_counts_over_time_per_group_size_each_groups_buckets_to_its_own_span(spa
     assert {**whole, "counts": sorted(whole["counts"])} == expected(ROWS)
     assert _over_time(df.where("store_timestamp IS NULL"), F.col("store_timestamp"), "status") == {
         "bucket_ms": 1000, "counts": []}  # fmt: skip
+
+
+KEYED = "anomaly_id string, anomaly_type string, broker_name string, uniq_key string, consumer_group string, " \
+        "topic string, queue_id int, event_ts long, detail string, producer_group string, real_topic string, " \
+        "state string, reason string"  # fmt: skip
+
+
+def finding(anomaly_id: str, kind: str, at: int, broker: str = "b1", group: str | None = None,
+            queue: int | None = None, **detail: object) -> tuple[object, ...]:  # fmt: skip
+    return (anomaly_id, kind, broker, f"K-{anomaly_id}", group, "t" if group else None, queue, at, json.dumps(detail),
+            "pg", "rt", "PENDING", None)  # fmt: skip
+
+
+def test_every_table_of_findings_comes_from_one_query_in_its_own_order_and_limit(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(report.LISTED, "stuck_oldest", dataclasses.replace(report.LISTED["stuck_oldest"], limit=2))
+    rows = [
+        finding("s1", "STUCK_HALF", 10, age_ms=5_000, check_times=1),
+        finding("s2", "STUCK_HALF", 20, age_ms=90_000, check_times=7),
+        finding("s3", "STUCK_HALF", 30, age_ms=60_000, check_times=4),
+        finding("d1", "DISCARDED_EXPIRED", 100),
+        finding("d2", "DISCARDED_AFTER_MAX_CHECKS", 300),
+        finding("d3", "DISCARDED_AFTER_MAX_CHECKS", 300),
+        finding("r1", "OFFSET_REGRESSION", 50, "b2", "cg", 0, from_offset=9, to_offset=1),
+        finding("r2", "OFFSET_REGRESSION", 50, "b1", "cg", 1, from_offset=8, to_offset=2),
+        finding("r3", "OFFSET_REGRESSION", 40, "b1", "cg", 1, from_offset=7, to_offset=3),
+        finding("x1", "CHECK_ANSWER_LOST", 70),  # a finding no table lists
+    ]
+    listed = _listed(spark.createDataFrame(rows, KEYED))
+    assert set(listed) == set(report.LISTED)
+    # The oldest stuck halves first, two of them; the age a number, the detail's fields strings.
+    assert [(r["anomaly_id"], r["age_ms"], r["check_times"]) for r in listed["stuck_oldest"]] == [
+        ("s2", 90_000, "7"), ("s3", 60_000, "4")]  # fmt: skip
+    assert list(listed["stuck_oldest"][0]) == [c.removeprefix("detail.") for c in report.LISTED["stuck_oldest"].columns]
+    # Both kinds of discard, the latest first, a tie by id.
+    assert [r["anomaly_id"] for r in listed["discarded"]] == ["d2", "d3", "d1"]
+    # Regressions by queue (group, topic, broker, queue id), then time.
+    assert [(r["anomaly_id"], r["from_offset"]) for r in listed["regressions"]] == [
+        ("r3", "7"), ("r2", "8"), ("r1", "9")]  # fmt: skip
+    assert all(rows == [] for name, rows in listed.items() if name not in ("stuck_oldest", "discarded", "regressions"))
