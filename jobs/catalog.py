@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, SparkSession
@@ -65,9 +66,25 @@ def add_new_fields(spark: SparkSession, table: str, schema: Schema) -> list[str]
 def table_version(spark: SparkSession, table: str) -> int:
     """The Delta table's current version: its log brought up to date, as every query on it does. A run asks
     a few dozen times; reading the last history entry instead costs a Spark job each (about 0.15 s)."""
+    return int(_snapshot(spark, table).version())
+
+
+def may_have_rows(spark: SparkSession, table: str, version: int | None = None) -> bool:
+    """False when the Delta table holds no data file by the checksum of its version (the current one, or
+    `version` when that is current), which Delta writes with some commits, a table's creation among them; True
+    otherwise. No Spark job: counting its files from the log would run some, which a query on the table then
+    could not reuse."""
+    snapshot = _snapshot(spark, table)
+    checksum = snapshot.checksumOpt()
+    if not checksum.isDefined() or (version is not None and int(snapshot.version()) != version):
+        return True
+    return int(checksum.get().numFiles()) > 0
+
+
+def _snapshot(spark: SparkSession, table: str) -> Any:
     log = DeltaTable.forName(spark, table)._jdt.deltaLog()
     none = spark._jvm.scala.Option.empty()  # type: ignore[union-attr]
-    return int(log.update(False, none, none).version())  # update(stalenessAcceptable, checkIfUpdatedSinceTs, table)
+    return log.update(False, none, none)  # update(stalenessAcceptable, checkIfUpdatedSinceTs, table)
 
 
 # A file below this size is small: compaction joins such files and leaves larger ones as they are.

@@ -36,7 +36,7 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from jobs.catalog import add_new_fields, create_table, table_version, tables_in
+from jobs.catalog import add_new_fields, create_table, may_have_rows, table_version, tables_in
 from jobs.config import Config
 from jobs.errors import TxnReconError, first_line
 from jobs.ingest import new_run_id
@@ -193,8 +193,16 @@ def read_bronze(spark: SparkSession, config: Config) -> Bronze:
     if missing:
         raise TxnReconError(f"no bronze tables yet ({', '.join(missing)}); run `txn-recon ingest` first")
     versions = {s: table_version(spark, t) for s, t in tables.items()}
-    frames = {s: spark.sql(f"SELECT * FROM {t} VERSION AS OF {versions[s]}") for s, t in tables.items()}
+    frames = {s: _pinned(spark, t, versions[s]) for s, t in tables.items()}
     return Bronze(tables, versions, frames)
+
+
+def _pinned(spark: SparkSession, table: str, version: int) -> DataFrame:
+    """The table at `version`. One without rows (a warehouse that collects no consumer groups, copies, topology
+    or trace has such) is an empty relation, which Spark folds away while planning: the parts of a query on it
+    run no job."""
+    df = spark.sql(f"SELECT * FROM {table} VERSION AS OF {version}")
+    return df if may_have_rows(spark, table, version) else df.limit(0)
 
 
 def latest_event(spark: SparkSession, config: Config, bronze: dict[str, DataFrame]) -> int | None:

@@ -25,6 +25,7 @@ from pyspark.sql.window import WindowSpec
 
 from dashboard import page
 from dashboard.charts import bucket_ms
+from jobs.catalog import may_have_rows
 from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.lock import warehouse_lock
@@ -105,6 +106,9 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     t = _tables(spark, config, names)
     if "txn_lifecycle" not in t or "anomalies" not in t:
         raise TxnReconError("no reconciled tables yet; run `txn-recon reconcile` (or `txn-recon run`) first")
+    # A table without rows is left out as a missing one is: the queries on it (a warehouse that collects no
+    # consumer groups or trace has several such) found nothing and cost Spark jobs.
+    t = {n: df for n, df in t.items() if n in ("txn_lifecycle", "anomalies") or may_have_rows(spark, config.table(n))}
     # The states' chart and the op lag read the lifecycle four times: the columns they use are kept in memory.
     # Not the keys and names, which only the findings' join reads, once: keeping a million transactions' keys in
     # memory cost more than reading them for the join.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.catalog import compact, create_table, table_version
+from jobs.catalog import compact, create_table, may_have_rows, table_version
 from jobs.config import Config
 from schemas import OFFSET
 from schemas.spark import to_struct
@@ -98,3 +98,20 @@ def test_unknown_table_is_one_line_and_exit_2(
     errors = [ln for ln in err.splitlines() if "error" in ln.lower()]
     assert len(errors) == 1 and "Traceback" not in err, err
     assert errors[0].startswith("txn-recon sql: error: [TABLE_OR_VIEW_NOT_FOUND]")
+
+
+def test_a_table_without_rows_is_told_apart_without_a_spark_job(spark: SparkSession, config: Config) -> None:
+    from jobs.reconcile import _pinned
+    from jobs.session import jobs_started
+
+    name = create_table(spark, config, OFFSET, name="offset_emptiness")
+    before = jobs_started(spark)
+    assert not may_have_rows(spark, name) and not may_have_rows(spark, name, 0)
+    assert jobs_started(spark) == before
+    assert _pinned(spark, name, 0).collect() == []
+    spark.createDataFrame(ROWS, to_struct(OFFSET)).write.format("delta").mode("append").saveAsTable(name)
+    assert may_have_rows(spark, name)
+    assert may_have_rows(spark, name, 0)  # not the current version: its checksum is not at hand, so maybe
+    assert sorted(tuple(r) for r in _pinned(spark, name, 1).collect()) == sorted(ROWS)
+    spark.sql(f"DELETE FROM {name}")
+    assert _pinned(spark, name, table_version(spark, name)).collect() == []
