@@ -103,12 +103,12 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     `dq_results`, so it can be gathered while the quality suites run."""
     names = ("txn_lifecycle", "anomalies", "ingest_runs", "reconcile_runs", "collect_runs", "consumer_events",
              "deliveries", "delivery_counts", "trace_events", "real_events")  # fmt: skip
-    t = _tables(spark, config, names)
-    if "txn_lifecycle" not in t or "anomalies" not in t:
+    t, needed = _tables(spark, config, names), ("txn_lifecycle", "anomalies")
+    if any(n not in t for n in needed):
         raise TxnReconError("no reconciled tables yet; run `txn-recon reconcile` (or `txn-recon run`) first")
     # A table without rows is left out as a missing one is: the queries on it (a warehouse that collects no
     # consumer groups or trace has several such) found nothing and cost Spark jobs.
-    t = {n: df for n, df in t.items() if n in ("txn_lifecycle", "anomalies") or may_have_rows(spark, config.table(n))}
+    t = {n: df for n, df in t.items() if n in needed or may_have_rows(spark, config.table(n))}
     # The states' chart and the op lag read the lifecycle four times: the columns they use are kept in memory.
     # Not the keys and names, which only the findings' join reads, once: keeping a million transactions' keys in
     # memory cost more than reading them for the join.

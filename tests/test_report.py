@@ -55,7 +55,7 @@ def finding(anomaly_id: str, kind: str, at: int, broker: str = "b1", group: str 
             "pg", "rt", "PENDING", None)  # fmt: skip
 
 
-def test_every_table_of_findings_comes_from_one_query_in_its_own_order_and_limit(
+def test_every_table_of_findings_keeps_its_own_order_and_limit(
     spark: SparkSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(report.LISTED, "stuck_oldest", dataclasses.replace(report.LISTED["stuck_oldest"], limit=2))
