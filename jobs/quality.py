@@ -42,7 +42,7 @@ from schemas.bronze import BRONZE
 from schemas.quality import DQ_RESULTS, QUALITY_RUNS, Expectation, Suite, suites
 from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, TXN_LIFECYCLE
 from schemas.spark import to_struct
-from transforms.frames import kept, kept_with_ranges, ranges, within
+from transforms.frames import kept, kept_with_size, ranges, within
 from transforms.lifecycle import listed_copies
 from transforms.quality import (
     changed_rows,
@@ -233,11 +233,11 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
         # Read here, once: change data that is missing fails only when it is read, and GE reads a batch often.
         # Only the rows that can share a key with a changed one are looked at: the table's recent files as a rule.
         bounded_by = [*suite.key, *suite.bounded_by]
-        changed, bounds = kept_with_ranges(
+        changed, bounds, n = kept_with_size(
             changes.where(F.col("_change_type").isin("insert", "update_postimage")).drop(*CDF_COLUMNS), bounded_by
         )
         candidates = within(snapshot, bounds) if bounded_by else snapshot
-        rows = changed_rows(candidates, changed, suite.key)
+        rows = changed_rows(candidates, changed, suite.key, few=n <= DRIVER_ROWS)
         # A batch a cross view checks is read again (a reference view reads it twice more: its lookup ranges and
         # its join): kept, the candidates are looked among once (all of a table whose keys the ranges do not narrow).
         return Batch(suite, kept(rows)[0] if suite.name in REREAD else rows, version, "incremental")

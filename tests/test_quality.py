@@ -54,6 +54,15 @@ def test_changed_rows_are_the_rows_a_change_left_in_the_table(spark: SparkSessio
     changed = spark.createDataFrame([("a", 2), ("c", 9), ("c", 4), ("d", 5)], "k string, v int")
     keyed = sorted(tuple(r) for r in changed_rows(table, changed, ["k"]).collect())
     assert keyed == [("a", 1), ("a", 2), ("c", 4)]  # every row sharing a key, so ("a", 1) meets its duplicate
+    # A few changed keys are broadcast, even where Spark would not choose to: the same rows, without a shuffle.
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+    try:
+        few, many = changed_rows(table, changed, ["k"], few=True), changed_rows(table, changed, ["k"])
+        assert sorted(tuple(r) for r in few.collect()) == keyed
+        plans = [df._jdf.queryExecution().executedPlan().toString() for df in (few, many)]
+    finally:
+        spark.conf.unset("spark.sql.autoBroadcastJoinThreshold")
+    assert "BroadcastHashJoin" in plans[0] and "BroadcastHashJoin" not in plans[1], plans
     assert sorted(tuple(r) for r in changed_rows(table, changed, []).collect()) == [("a", 2), ("c", 4)]
 
 

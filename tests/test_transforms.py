@@ -22,7 +22,7 @@ from transforms.anomalies import (
     rechecked_after_resolution,
     stuck_half,
 )
-from transforms.frames import kept_with_ranges, ranges, within
+from transforms.frames import kept_with_ranges, kept_with_size, ranges, within
 from transforms.lifecycle import Rules, facts, lifecycle, resolutions, resolved_offsets
 from transforms.trace import answered
 
@@ -310,6 +310,8 @@ def test_within_the_ranges_of_some_keys_a_join_on_them_keeps_the_same_rows(spark
     assert bounds == {"broker_name": ("b", "c"), "queue_id": (1, 9), "queue_offset": (20, 999)}
     kept, observed = kept_with_ranges(keys, key)  # the same bounds, observed while the keys are kept
     assert observed == bounds and sorted(kept.collect()) == sorted(keys.collect())
+    kept, observed, size = kept_with_size(keys, key)  # and their number, in the same pass
+    assert (observed, size) == (bounds, 4) and sorted(kept.collect()) == sorted(keys.collect())
     bounded = within(table, bounds)
     assert_df_equality(bounded.join(keys, on=key, how="left_semi"), table.join(keys, on=key, how="left_semi"),
                        ignore_row_order=True)  # fmt: skip

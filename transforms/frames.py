@@ -44,6 +44,12 @@ def kept_with_ranges(df: DataFrame, columns: Sequence[str]) -> tuple[DataFrame, 
     return rows, _ranges_of(got, columns)
 
 
+def kept_with_size(df: DataFrame, columns: Sequence[str]) -> tuple[DataFrame, dict[str, tuple[Any, Any]], int]:
+    """`df` kept, and its `ranges` of `columns` and its number of rows observed on the way."""
+    rows, got = kept(df, row_count(), *_bounds(columns))
+    return rows, _ranges_of(got, columns), got["rows"]
+
+
 def row_count() -> Column:
     """A metric for `kept`: how many rows, as "rows"."""
     return F.count(F.lit(1)).alias("rows")

@@ -14,12 +14,14 @@ from pyspark.sql import functions as F
 from transforms.lifecycle import DISCARD_TOPIC, ID, is_commit, resolved_offsets, up_to
 
 
-def changed_rows(table_df: DataFrame, changed_df: DataFrame, key: Sequence[str]) -> DataFrame:
+def changed_rows(table_df: DataFrame, changed_df: DataFrame, key: Sequence[str], few: bool = False) -> DataFrame:
     """What to validate after a change: the table's rows a change added or rewrote. With a natural key, every
     row whose key a changed row has, so a new duplicate of an old key is caught; without one, the changed
-    rows still in the table (not those a later change removed or rewrote again)."""
+    rows still in the table (not those a later change removed or rewrote again). The keys of `few` changed
+    rows are sent to every task, so the table's rows are looked up where they lie, with no shuffle."""
     if key:
-        return table_df.join(changed_df.select(*key).distinct(), on=list(key), how="left_semi")
+        keys = changed_df.select(*key)
+        return table_df.join(F.broadcast(keys) if few else keys.distinct(), on=list(key), how="left_semi")
     return table_df.intersectAll(changed_df.select(*table_df.columns))
 
 
