@@ -237,6 +237,7 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
             changes.where(F.col("_change_type").isin("insert", "update_postimage")).drop(*CDF_COLUMNS), bounded_by
         )
         candidates = within(snapshot, bounds) if bounded_by else snapshot
+        # A change set small enough for the driver has keys small enough to send to every task.
         rows = changed_rows(candidates, changed, suite.key, few=n <= DRIVER_ROWS)
         # A batch a cross view checks is read again (a reference view reads it twice more: its lookup ranges and
         # its join): kept, the candidates are looked among once (all of a table whose keys the ranges do not narrow).
