@@ -40,8 +40,8 @@ def kept(df: DataFrame, *metrics: Column) -> tuple[DataFrame, dict[str, Any]]:
 
 def kept_with_ranges(df: DataFrame, columns: Sequence[str]) -> tuple[DataFrame, dict[str, tuple[Any, Any]]]:
     """`df` kept, and its `ranges` of `columns` observed on the way."""
-    rows, got = kept(df, *_bounds(columns))
-    return rows, _ranges_of(got, columns)
+    rows, bounds, _ = kept_with_size(df, columns)
+    return rows, bounds
 
 
 def kept_with_size(df: DataFrame, columns: Sequence[str]) -> tuple[DataFrame, dict[str, tuple[Any, Any]], int]:
