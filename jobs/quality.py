@@ -31,7 +31,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.utils import AnalysisException
 
-from jobs.catalog import create_table, table_version
+from jobs.catalog import create_table, table_exists, table_version
 from jobs.config import Config
 from jobs.errors import TxnReconError, first_line
 from jobs.ingest import new_run_id
@@ -160,7 +160,7 @@ def check_quality(
 
     def table_batch(suite: Suite) -> Batch | str:
         name = config.table(suite.name)
-        if not spark.catalog.tableExists(name):
+        if not table_exists(spark, name):
             return "no table yet"
         version = table_version(spark, name)
         previous = validated.get(suite.name)
@@ -259,7 +259,7 @@ def _cross_batches(
         "offset_commits": config.table(OFFSET_COMMITS.name),
         "anomalies": config.table(ANOMALIES.name),
     }
-    if not all(spark.catalog.tableExists(t) for t in names.values()):
+    if not all(table_exists(spark, t) for t in names.values()):
         outcome.skipped += [(s.name, "needs bronze, txn_lifecycle, offset_commits and anomalies") for s in cross]
         return []
     t = {k: spark.table(v) for k, v in names.items()}

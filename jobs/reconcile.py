@@ -36,7 +36,16 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from jobs.catalog import add_new_fields, create_table, may_have_rows, table_version, tables_in
+from jobs.catalog import (
+    add_new_fields,
+    create_table,
+    ensure_view,
+    may_have_rows,
+    table_exists,
+    table_schema,
+    table_version,
+    tables_in,
+)
 from jobs.config import Config
 from jobs.errors import TxnReconError, first_line
 from jobs.ingest import new_run_id
@@ -189,7 +198,7 @@ def reconcile(spark: SparkSession, config: Config, as_of: int | None = None, ful
 
 def read_bronze(spark: SparkSession, config: Config) -> Bronze:
     tables = {s: config.table(b.name) for s, b in BRONZE.items()}
-    missing = [t for t in tables.values() if not spark.catalog.tableExists(t)]
+    missing = [t for t in tables.values() if not table_exists(spark, t)]
     if missing:
         raise TxnReconError(f"no bronze tables yet ({', '.join(missing)}); run `txn-recon ingest` first")
     versions = {s: table_version(spark, t) for s, t in tables.items()}
@@ -212,7 +221,7 @@ def latest_event(spark: SparkSession, config: Config, bronze: dict[str, DataFram
     until ingest migrates it) or none was recorded. Ingest and reconcile hold the warehouse in turn, so every
     file recorded is in the bronze versions read."""
     table = config.table(INGEST_FILES.name)
-    if spark.catalog.tableExists(table) and "events_until" in (files := spark.table(table)).columns:
+    if table_exists(spark, table) and "events_until" in (files := spark.table(table)).columns:
         files = files.where(F.col("status") == "ingested")
         [(latest, lacking)] = files.agg(F.max("events_until"), F.count_if(F.col("events_until").isNull())).collect()
         if lacking == 0 and latest is not None:
@@ -230,7 +239,7 @@ def ensure_outputs(spark: SparkSession, config: Config) -> str | None:
     for schema in OUTPUTS:
         table = config.table(schema.name)
         if schema.name in existing:
-            if _same_columns(spark.table(table).schema, schema):
+            if _same_columns(table_schema(spark, table), schema):
                 continue
             log.warning("  %s has other columns than this version writes; rebuilding it", table)
             spark.sql(f"DROP TABLE {table}")
@@ -244,16 +253,15 @@ def ensure_outputs(spark: SparkSession, config: Config) -> str | None:
         add_new_fields(spark, config.table(RECONCILE_RUNS.name), RECONCILE_RUNS)
     else:
         create_table(spark, config, RECONCILE_RUNS)
-    spark.sql(broker_writes_view(config))
-    spark.sql(trace_coverage_view(config))
+    ensure_view(spark, config.table(BROKER_WRITES.name), broker_writes_view(config))
+    ensure_view(spark, config.table(TRACE_COVERAGE.name), trace_coverage_view(config))
     return reason
 
 
 def broker_writes_view(config: Config) -> str:
-    """The `broker_writes` view (schemas.reconciled.BROKER_WRITES) over the half and real events."""
+    """The query of the `broker_writes` view (schemas.reconciled.BROKER_WRITES) over the half and real events."""
     half, real = config.table(BRONZE["half"].name), config.table(BRONZE["real"].name)
-    return f"""CREATE OR REPLACE VIEW {config.table(BROKER_WRITES.name)} AS
-        SELECT broker_name, topic, minute_ts, CAST(sum(message) AS BIGINT) AS messages,
+    return f"""SELECT broker_name, topic, minute_ts, CAST(sum(message) AS BIGINT) AS messages,
                CAST(sum(1 - message) AS BIGINT) AS halves
         FROM (SELECT broker_name, real_topic AS topic, store_timestamp DIV 60000 * 60000 AS minute_ts, 0 AS message
               FROM {half} WHERE check_times IS NULL
@@ -264,9 +272,8 @@ def broker_writes_view(config: Config) -> str:
 
 
 def trace_coverage_view(config: Config) -> str:
-    """The `trace_coverage` view (schemas.reconciled.TRACE_COVERAGE) over trace_events."""
-    return f"""CREATE OR REPLACE VIEW {config.table(TRACE_COVERAGE.name)} AS
-        SELECT group_name, IF(trace_type IN ('Pub', 'EndTransaction'), 'producer', 'consumer') AS role,
+    """The query of the `trace_coverage` view (schemas.reconciled.TRACE_COVERAGE) over trace_events."""
+    return f"""SELECT group_name, IF(trace_type IN ('Pub', 'EndTransaction'), 'producer', 'consumer') AS role,
                store_timestamp DIV 60000 * 60000 AS minute_ts, count(*) AS contexts,
                count(DISTINCT born_host) AS instances, count_if(from_check) AS answers,
                count_if(trace_type = 'SubAfter' AND NOT success) AS failed
@@ -285,7 +292,7 @@ def last_run(spark: SparkSession, config: Config) -> Row | None:
 
 def latest_as_of(spark: SparkSession, config: Config) -> int | None:
     """The data time of the last reconcile run, if any."""
-    if not spark.catalog.tableExists(config.table(RECONCILE_RUNS.name)):
+    if not table_exists(spark, config.table(RECONCILE_RUNS.name)):
         return None
     last = last_run(spark, config)
     return None if last is None else int(last["as_of"])

@@ -25,7 +25,7 @@ from pyspark.sql.window import WindowSpec
 
 from dashboard import page
 from dashboard.charts import bucket_ms
-from jobs.catalog import may_have_rows
+from jobs.catalog import may_have_rows, table_exists
 from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.lock import warehouse_lock
@@ -88,7 +88,7 @@ def gather(spark: SparkSession, config: Config) -> dict[str, Any]:
 
 
 def _tables(spark: SparkSession, config: Config, names: Sequence[str]) -> dict[str, DataFrame]:
-    return {n: spark.table(config.table(n)) for n in names if spark.catalog.tableExists(config.table(n))}
+    return {n: spark.table(config.table(n)) for n in names if table_exists(spark, config.table(n))}
 
 
 def gather_quality(spark: SparkSession, config: Config) -> dict[str, Any]:
@@ -232,7 +232,7 @@ def _brokers(spark: SparkSession, config: Config, counts: dict[str, int], listed
     topology at zero where it stored nothing, and the cluster findings."""
     out: dict[str, Any] = {"broker_writes": _no_times()}
     view = config.table("broker_writes")
-    if spark.catalog.tableExists(view):
+    if table_exists(spark, view):
         # Per broker and minute, kept: the view reads every stored half and message, and the chart reads it
         # twice (its span, then its buckets).
         writes = (
@@ -243,7 +243,7 @@ def _brokers(spark: SparkSession, config: Config, counts: dict[str, int], listed
             out["broker_writes"] = _per_bucket(writes)
         finally:
             writes.unpersist()
-    if spark.catalog.tableExists(config.table("topology_events")):
+    if table_exists(spark, config.table("topology_events")):
         members = spark.table(config.table("topology_events")).where("kind = 'broker' AND broker_id = 0")
         out["brokers"] = sorted(r["broker_name"] for r in members.select("broker_name").distinct().collect())
     return out | {

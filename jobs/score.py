@@ -15,6 +15,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from jobs.catalog import table_exists
 from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.reconcile import latest_as_of
@@ -56,7 +57,7 @@ def read_truth(truth_dir: Path) -> tuple[list[dict[str, Any]], int]:
 
 def read_found(spark: SparkSession, config: Config) -> list[dict[str, Any]]:
     table = config.table(ANOMALIES.name)
-    if not spark.catalog.tableExists(table):
+    if not table_exists(spark, table):
         raise TxnReconError(f"{table} does not exist; run `txn-recon reconcile` first")
     return [r.asDict() for r in spark.table(table).collect()]
 

@@ -19,6 +19,7 @@ from typing import Any
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
+from jobs.catalog import table_exists
 from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.session import build_session
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
 def story(spark: SparkSession, config: Config, key: str, broker: str | None = None) -> list[Event]:
     """Every event of the message `key`, in time order; a TxnReconError when no table knows it."""
-    if not spark.catalog.tableExists(config.table(BRONZE["half"].name)):
+    if not table_exists(spark, config.table(BRONZE["half"].name)):
         raise TxnReconError(f"no tables in {config.database} yet; run `txn-recon ingest` first")
 
     def rows(name: str, *where: Column) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from jobs.catalog import table_exists
 from jobs.config import CONF_DIR, Config, host_port
 from jobs.errors import TxnReconError
 from jobs.story import page
@@ -163,7 +164,7 @@ class Metrics:
         half, real = (spark.table(config.table(f"{s}_events")) for s in ("half", "real"))
         for r in stored_writes(half, real, size, last, last + size).collect():
             self.broker_writes.labels(r["broker_name"]).set(r["messages"])
-        if spark.catalog.tableExists(config.table("collect_runs")):
+        if table_exists(spark, config.table("collect_runs")):
             latest = (spark.table(config.table("collect_runs")).where("broker_name IS NOT NULL")
                       .groupBy("broker_name").agg(F.max_by(F.struct("check_backlog", "op_backlog"), "started_at")
                                                   .alias("b")).collect())  # fmt: skip

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
-import pytest
-from pyspark.sql import SparkSession
+from typing import Any
 
-from jobs.catalog import compact, create_table, may_have_rows, table_version
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from jobs.catalog import (
+    compact,
+    create_table,
+    ensure_view,
+    may_have_rows,
+    table_exists,
+    table_schema,
+    table_version,
+)
 from jobs.config import Config
 from schemas import OFFSET
 from schemas.spark import to_struct
@@ -115,3 +125,41 @@ def test_a_table_without_rows_is_told_apart_without_a_spark_job(spark: SparkSess
     assert sorted(tuple(r) for r in _pinned(spark, name, 1).collect()) == sorted(ROWS)
     spark.sql(f"DELETE FROM {name}")
     assert _pinned(spark, name, table_version(spark, name)).collect() == []
+
+
+def test_the_catalog_is_asked_as_spark_asks_it(spark: SparkSession, config: Config) -> None:
+    """`table_exists` and `table_schema` answer as `spark.catalog` and a query on the table do, for permanent
+    tables and views."""
+    name = create_table(spark, config, OFFSET, name="offset_asked")
+    view = config.table("offset_asked_view")
+    spark.sql(f"CREATE OR REPLACE VIEW {view} AS SELECT consumer_group FROM {name}")
+    missing = (config.table("offset_never"), "no_such_database.offset_asked")
+    for table in (name, view, *missing):
+        assert table_exists(spark, table) == spark.catalog.tableExists(table) == (table in (name, view))
+    columns = table_schema(spark, name)
+    assert columns == spark.table(name).schema and tuple(columns.names) == OFFSET.names
+    spark.sql(f"ALTER TABLE {name} ADD COLUMNS (added string)")
+    columns = table_schema(spark, name)
+    assert columns == spark.table(name).schema and tuple(columns.names) == (*OFFSET.names, "added")
+
+
+def test_a_view_is_replaced_only_when_its_query_changed(
+    spark: SparkSession, config: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = create_table(spark, config, OFFSET, name="offset_viewed")
+    view = config.table("offset_groups")
+    statements: list[str] = []
+    run = spark.sql
+
+    def recorded(text: str, *args: Any, **kwargs: Any) -> DataFrame:
+        statements.append(text)
+        return run(text, *args, **kwargs)
+
+    monkeypatch.setattr(spark, "sql", recorded)
+    query = f"""SELECT consumer_group
+        FROM {name}"""
+    ensure_view(spark, view, query)
+    ensure_view(spark, view, query)  # as it was: left alone
+    assert len(statements) == 1 and spark.table(view).columns == ["consumer_group"]
+    ensure_view(spark, view, f"SELECT consumer_group, topic FROM {name}")
+    assert len(statements) == 2 and spark.table(view).columns == ["consumer_group", "topic"]
