@@ -242,15 +242,19 @@ def test_pipeline_matches_what_the_broker_did(spark: SparkSession, scenario: Sce
 
     # The producers traced (enableMsgTrace): each discard counts the answers its checks got, as the application
     # logged them, and says why: UNKNOW answered (UNKNOW_FOREVER, LATE_COMMIT), or nobody left to answer (GONE).
+    # An answer a member gave while it shut down may have missed its trace dispatcher's last flush: traced or not.
     discards = {
         r["uniq_key"]: json.loads(r["detail"]) for r in rows if r["anomaly_type"] == "DISCARDED_AFTER_MAX_CHECKS"
     }
     causes: Counter[tuple[str, str]] = Counter()
     for t in (t for t in txns if t["uniq_key"] in discards):
-        d, said = discards[t["uniq_key"]], Counter(c["answer"] for c in t["checks"])
-        assert d["answers"] == {"unknown": said["UNKNOW"], "commit": said["COMMIT"], "rollback": said["ROLLBACK"],
-                                "unanswered": d["check_times"] - len(t["checks"])}, (t, d)  # fmt: skip
-        assert d["cause"] == ("ANSWERED_UNKNOWN" if said["UNKNOW"] else "UNANSWERED"), (t, d)
+        d, got = discards[t["uniq_key"]], discards[t["uniq_key"]]["answers"]
+        said = Counter(c["answer"] for c in t["checks"] if not c["leaving"])
+        maybe = Counter(c["answer"] for c in t["checks"] if c["leaving"])
+        for ours, app in (("unknown", "UNKNOW"), ("commit", "COMMIT"), ("rollback", "ROLLBACK")):
+            assert said[app] <= got[ours] <= said[app] + maybe[app], (t, d)
+        assert got["unanswered"] == d["check_times"] - got["unknown"] - got["commit"] - got["rollback"], (t, d)
+        assert d["cause"] == ("ANSWERED_UNKNOWN" if got["unknown"] else "UNANSWERED"), (t, d)
         causes[(t["fate"], d["cause"])] += 1
     # A GONE producer may answer a check (UNKNOW) before it is shut down: each discard's cause is what it did.
     assert causes[("UNKNOW_FOREVER", "ANSWERED_UNKNOWN")] == 10 and causes[("GONE", "UNANSWERED")] > 0, causes
