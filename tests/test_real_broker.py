@@ -252,16 +252,18 @@ def test_pipeline_matches_what_the_broker_did(spark: SparkSession, scenario: Sce
     assert set(left) == {"gone-1", "main-1", "main-2"}, left
 
     def unsent(check: dict[str, Any]) -> bool:
-        return check["at"] >= left.get(check["by"], sys.maxsize) - TRACE_FLUSH_MS
+        return check["at"] >= left[check["by"]] - TRACE_FLUSH_MS
 
     causes: Counter[tuple[str, str]] = Counter()
     for t in (t for t in txns if t["uniq_key"] in discards):
-        d, got = discards[t["uniq_key"]], discards[t["uniq_key"]]["answers"]
+        d = discards[t["uniq_key"]]
+        got = d["answers"]
         said = Counter(c["answer"] for c in t["checks"] if not unsent(c))
         maybe = Counter(c["answer"] for c in t["checks"] if unsent(c))
         for ours, app in (("unknown", "UNKNOW"), ("commit", "COMMIT"), ("rollback", "ROLLBACK")):
             assert said[app] <= got[ours] <= said[app] + maybe[app], (t, d)
-        assert got["unanswered"] == d["check_times"] - got["unknown"] - got["commit"] - got["rollback"], (t, d)
+        not_given = d["check_times"] - len(t["checks"])  # checks the application never saw
+        assert not_given <= got["unanswered"] <= not_given + maybe.total(), (t, d)
         assert d["cause"] == ("ANSWERED_UNKNOWN" if got["unknown"] else "UNANSWERED"), (t, d)
         causes[(t["fate"], d["cause"])] += 1
     # A GONE producer may answer a check (UNKNOW) before it is shut down: each discard's cause is what it did.
