@@ -80,6 +80,13 @@ def table_version(spark: SparkSession, table: str) -> int:
     return int(_snapshot(spark, table).version())
 
 
+def table_identity(spark: SparkSession, table: str) -> tuple[str, int]:
+    """The Delta table's id and current version: a table dropped and made again has another id, whatever its
+    version."""
+    snapshot = _snapshot(spark, table)
+    return str(snapshot.metadata().id()), int(snapshot.version())
+
+
 def may_have_rows(spark: SparkSession, table: str, version: int | None = None) -> bool:
     """False when the Delta table holds no data file by the checksum of its version (the current one, or
     `version` when that is current), which Delta writes with some commits, a table's creation among them; True

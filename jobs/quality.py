@@ -31,7 +31,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.utils import AnalysisException
 
-from jobs.catalog import create_table, table_exists, table_version
+from jobs.catalog import add_new_fields, create_table, table_exists, table_identity, table_version
 from jobs.config import Config
 from jobs.errors import TxnReconError, first_line
 from jobs.ingest import new_run_id
@@ -47,7 +47,9 @@ from transforms.lifecycle import listed_copies
 from transforms.quality import (
     changed_rows,
     commit_references,
+    gained,
     group_findings,
+    lifecycle_gains,
     lifecycle_totals,
     op_references,
     prepared_halves,
@@ -94,6 +96,11 @@ REREAD = {BRONZE[stream].name for stream, _, _ in REFERENCES.values()} | {ANOMAL
 DRIVER_ROWS = 200_000
 KEPT_RESULTS = 30  # GE validation results kept per suite for Data Docs
 ENGINES = {"spark": "txn_recon", "pandas": "txn_recon_driver"}  # GE data source per engine
+# lifecycle_totals reads these tables (by their names in `_cross_batches`); the bronze ones by these times.
+TOTALS_TIMES = {"half": "store_timestamp", "real": "store_timestamp", "offset": "commit_timestamp"}
+TOTALS_TABLES = (*TOTALS_TIMES, "lifecycle", "offset_commits")
+# What lifecycle_totals held up to: {"as_of": ..., "tables": {name: [Delta table id, version]}}.
+Totals = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,7 @@ class Batch:
     df: DataFrame
     version: int | None  # the Delta version validated; None for a cross view
     scope: str  # full or incremental
+    holds: Totals | None = None  # lifecycle_totals: what it holds up to if it passes
 
 
 @dataclass
@@ -152,8 +160,9 @@ def check_quality(
     if not config.is_local_warehouse:
         raise TxnReconError("quality needs a local warehouse folder for its Great Expectations project")
     results_table, runs_table = create_table(spark, config, DQ_RESULTS), create_table(spark, config, QUALITY_RUNS)
+    add_new_fields(spark, runs_table, QUALITY_RUNS)
     outcome = Outcome(run_id, docs_index(config))
-    recorded = recorded_validations(spark, runs_table)
+    recorded, totals = recorded_validations(spark, runs_table) or (None, None)
     latest = validations_in(spark, results_table) if recorded is None else recorded
     validated = {} if full else {suite: v for suite, (_, v) in latest.items() if v is not None}
     all_suites = suites(config.broker.check_max)
@@ -180,7 +189,8 @@ def check_quality(
                 batches.append(made)
         cross = [s for s in all_suites if s.layer == "cross"]
         if batches:
-            batches += _cross_batches(spark, config, cross, outcome, {b.suite.name: b for b in batches})
+            batches += _cross_batches(spark, config, cross, outcome, {b.suite.name: b for b in batches},
+                                      None if full else totals)  # fmt: skip
         else:
             outcome.skipped += [(s.name, "no table changed") for s in cross]
         project = quality_dir(config)
@@ -192,9 +202,13 @@ def check_quality(
             outcome.results += _validate(project, batch, local, run_id, validated_at, config.quality.blocking)
     if outcome.results:
         _append(spark, results_table, outcome.results)
+    for batch in batches:  # the totals checked: what they held up to, if they did, is where the next run starts
+        if batch.holds is not None:
+            held = all(r["success"] for r in outcome.results if r["suite"] == batch.suite.name)
+            totals = batch.holds if held else None
     if outcome.results or (recorded is None and latest):  # the first run after an upgrade records what it found
         now = {b.suite.name: (run_id, b.version) for b in batches}
-        _record_run(spark, runs_table, outcome, validated_at, {**latest, **now})
+        _record_run(spark, runs_table, outcome, validated_at, {**latest, **now}, totals)
     _build_docs(project, run_id)
     outcome.seconds = time.perf_counter() - started
     return outcome
@@ -203,12 +217,16 @@ def check_quality(
 Validations = dict[str, tuple[str, int | None]]  # suite -> (the run that validated it last, the version or None)
 
 
-def recorded_validations(spark: SparkSession, runs_table: str) -> Validations | None:
+def recorded_validations(spark: SparkSession, runs_table: str) -> tuple[Validations, Totals | None] | None:
     """Per suite ever validated: the run that validated it last, and the Delta version it validated (None
     for a cross view). The latest run's, not the largest version: a table rebuilt by reconcile starts again
-    from version 0. From the last row of `quality_runs` (one per run); None when it has none yet."""
-    rows = spark.table(runs_table).orderBy(F.desc("finished_at")).limit(1).select("latest").collect()
-    return {suite: (run, v) for suite, (run, v) in json.loads(rows[0]["latest"]).items()} if rows else None
+    from version 0. With it, what lifecycle_totals held up to (None when it did not hold). From the last row
+    of `quality_runs` (one per run); None when it has none yet."""
+    rows = spark.table(runs_table).orderBy(F.desc("finished_at")).limit(1).select("latest", "totals").collect()
+    if not rows:
+        return None
+    latest = {suite: (run, v) for suite, (run, v) in json.loads(rows[0]["latest"]).items()}
+    return latest, json.loads(rows[0]["totals"]) if rows[0]["totals"] else None
 
 
 def validations_in(spark: SparkSession, results_table: str) -> Validations:
@@ -248,12 +266,14 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
 
 
 def _cross_batches(
-    spark: SparkSession, config: Config, cross: list[Suite], outcome: Outcome, validated: dict[str, Batch]
-) -> list[Batch]:
+    spark: SparkSession, config: Config, cross: list[Suite], outcome: Outcome, validated: dict[str, Batch],
+    totals: Totals | None,
+) -> list[Batch]:  # fmt: skip
     """The cross views over this run's tables. A reference breaks only when an op or a commit arrives (a half
     arriving later can only mend one), so the reference views check the ops and commits this run validates
     (all of them on a first run) against every half, and are skipped when none arrived. A group finding is
-    checked by itself alone: those this run validates in anomalies, none when it validates none."""
+    checked by itself alone: those this run validates in anomalies, none when it validates none. The totals
+    are checked from where they last held (`totals`), whole when they did not."""
     names = {s: config.table(BRONZE[s].name) for s in BRONZE} | {
         "lifecycle": config.table(TXN_LIFECYCLE.name),
         "offset_commits": config.table(OFFSET_COMMITS.name),
@@ -278,12 +298,49 @@ def _cross_batches(
         outcome.skipped.append(("group_findings", f"no new rows in {ANOMALIES.name}"))
     else:
         views["group_findings"] = (group_findings(found.df), found.scope)
+    holds = None
     if as_of is not None:
-        totals = lifecycle_totals(t["lifecycle"], t["offset_commits"], t["half"], t["real"], t["offset"], int(as_of))
-        views["lifecycle_totals"] = (totals, "full")
+        holds = {"as_of": int(as_of), "tables": {k: table_identity(spark, names[k]) for k in TOTALS_TABLES}}
+        views["lifecycle_totals"] = _totals(spark, names, t, totals, holds)
     else:
         outcome.skipped.append(("lifecycle_totals", "no reconcile run yet"))
-    return [Batch(s, df, None, scope) for s in cross if s.name in views for df, scope in [views[s.name]]]
+    return [Batch(s, df, None, scope, holds if s.name == "lifecycle_totals" else None)
+            for s in cross if s.name in views for df, scope in [views[s.name]]]  # fmt: skip
+
+
+def _totals(
+    spark: SparkSession, names: dict[str, str], t: dict[str, DataFrame], held: Totals | None, now: Totals
+) -> tuple[DataFrame, str]:
+    """The lifecycle_totals view: what both layers gained since the totals last held (`held`), when they did
+    and every table is the one they held for, at its version then or a later one, and as_of has not gone
+    back; else every table read whole."""
+    as_of = now["as_of"]
+    whole = lifecycle_totals(t["lifecycle"], t["offset_commits"], t["half"], t["real"], t["offset"], as_of), "full"
+    if held is None or held["as_of"] > as_of:
+        return whole
+    then = {k: tuple(v) for k, v in held["tables"].items()}
+    if any(k not in then or then[k][0] != table_id or then[k][1] > version
+           for k, (table_id, version) in now["tables"].items()):  # fmt: skip
+        return whole
+
+    def changes(k: str) -> DataFrame:
+        since, version = then[k][1], now["tables"][k][1]
+        if since == version:  # nothing changed: no rows, the change feed's columns
+            return t[k].where(F.lit(False)).select("*", F.lit("insert").alias("_change_type"),
+                                                   F.lit(0).cast("long").alias("_commit_version"))  # fmt: skip
+        return (spark.read.option("readChangeFeed", "true").option("startingVersion", since + 1)
+                .option("endingVersion", version).table(names[k]))  # fmt: skip
+
+    since = held["as_of"]
+    try:
+        half, real, offsets = (gained(t[k], changes(k), time, since, as_of) for k, time in TOTALS_TIMES.items())
+        view = lifecycle_gains(t["lifecycle"], changes("lifecycle"), changes("offset_commits"), half, real, offsets,
+                               since, as_of)  # fmt: skip
+    except AnalysisException as e:  # change data never recorded
+        log.info("  lifecycle_totals: no change data since the totals held (%s); reading the tables whole",
+                 first_line(e))  # fmt: skip
+        return whole
+    return view, "incremental"
 
 
 @functools.cache
@@ -468,12 +525,13 @@ def _append(spark: SparkSession, table: str, rows: list[dict[str, Any]]) -> None
 
 def _record_run(
     spark: SparkSession, table: str, outcome: Outcome, validated_at: dt.datetime,
-    latest: Validations,
+    latest: Validations, totals: Totals | None,
 ) -> None:  # fmt: skip
     failed = outcome.failures
     row = (outcome.run_id, validated_at, dt.datetime.now(dt.UTC).replace(tzinfo=None), len(outcome.results),
            len(failed), len(outcome.blocking_failures), ", ".join(sorted({r["suite"] for r in outcome.results})),
-           json.dumps(latest, sort_keys=True))  # fmt: skip
+           json.dumps(latest, sort_keys=True),
+           None if totals is None else json.dumps(totals, sort_keys=True))  # fmt: skip
     spark.createDataFrame([row], to_struct(QUALITY_RUNS)).write.insertInto(table)
 
 

@@ -217,6 +217,10 @@ DQ_RESULTS = Schema(
 )
 
 LATEST_DOC = "JSON: per suite ever validated, [the run that validated it last, the version it validated or null]"
+TOTALS_DOC = (
+    "JSON: the as_of and table versions up to which lifecycle_totals last held, which the next run checks from;"
+    " null when it failed or never ran"
+)
 QUALITY_RUNS = Schema(
     "quality_runs",
     (
@@ -228,5 +232,6 @@ QUALITY_RUNS = Schema(
         Field("blocking_failed", "long"),
         Field("suites", "string", doc="the suites it validated, comma-separated"),
         Field("latest", "string", doc=LATEST_DOC),
+        Field("totals", "string", nullable=True, doc=TOTALS_DOC),
     ),
 )

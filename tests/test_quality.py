@@ -32,7 +32,8 @@ from jobs.report import gather_quality
 from schemas.bronze import BRONZE
 from schemas.quality import suites
 from tests.test_ingest import fresh_db, ingest, make_landing, op_record
-from transforms.quality import GROUP_FINDINGS, changed_rows
+from transforms.lifecycle import DISCARD_TOPIC
+from transforms.quality import GROUP_FINDINGS, changed_rows, lifecycle_gains, lifecycle_totals
 
 NOW = dt.datetime(2026, 11, 21, 3, 0, 0)
 
@@ -67,6 +68,44 @@ def test_changed_rows_are_the_rows_a_change_left_in_the_table(spark: SparkSessio
 
 
 @pytest.mark.spark
+def test_the_totals_gained_agree_per_transaction(spark: SparkSession) -> None:
+    """Between two checks, each transaction's half copies and commits gained in bronze are those gained in
+    silver, and new discard evidence leaves a discard in silver (looked up when its row did not change: a
+    second discard); silver gains a discard only with new evidence. The offset commits agree in all."""
+    bronze = "broker string, uniq_key string, topic string, sys_flag int, transactional boolean, _sign int"
+    half = spark.createDataFrame([("b", "k1", "T", 0, None, 1), ("b", "k2", "T", 0, None, 1)], bronze)
+    real = spark.createDataFrame(
+        [("b", "k3", "T", 8, None, 1)] + [("b", k, DISCARD_TOPIC, 0, None, 1) for k in ("k4", "k5", "k6")], bronze
+    ).withColumnRenamed("broker", "broker_name")
+    half = half.withColumnRenamed("broker", "broker_name")
+    life = "broker_name string, uniq_key string, copies int, commit_count int, discard_ts long, half_topic string"
+    changes = spark.createDataFrame([
+        ("b", "k1", 1, 0, None, "H", "insert", 3),
+        ("b", "k3", 1, 0, None, "H", "update_preimage", 3), ("b", "k3", 1, 1, None, "H", "update_postimage", 3),
+        ("b", "k4", 2, 0, None, "H", "update_preimage", 3), ("b", "k4", 2, 0, 50, "H", "update_postimage", 3),
+        ("b", "k7", 3, 0, None, "H", "update_preimage", 3), ("b", "k7", 3, 0, 60, "H", "update_postimage", 3),
+    ], f"{life}, _change_type string, _commit_version long")  # fmt: skip
+    stored = spark.createDataFrame([("b", "k5", 2, 0, 40, "H"), ("b", "k6", 2, 0, None, "H")], life)
+    offsets = spark.createDataFrame([(1,), (1,)], "_sign int")
+    commits = spark.createDataFrame([("insert",)], "_change_type string")
+
+    view = lifecycle_gains(stored, changes, commits, half, real, offsets, 100, 200)
+    rows = {(r["check"], r["transaction"]): (r["bronze"], r["silver"], r["problem"]) for r in view.collect()}
+    problems = {k: p for k, (_, _, p) in rows.items() if p is not None}
+    assert set(problems) == {("half copies", "b/k2"), ("transactions with discard evidence", "b/k6"),
+                             ("transactions with discard evidence", "b/k7"), ("offset commits", None)}  # fmt: skip
+    assert problems[("half copies", "b/k2")] == "half copies of b/k2 gained from 100 to 200: 1 in bronze, 0 in silver"
+    assert problems[("transactions with discard evidence", "b/k6")].endswith(
+        "new discard evidence in bronze, no discard in silver"
+    )
+    assert problems[("transactions with discard evidence", "b/k7")].endswith("discarded in silver without new evidence")
+    assert rows[("offset commits", None)][:2] == (2, 1)
+    assert rows[("half copies", "b/k1")] == (1, 1, None) and rows[("commits", "b/k3")] == (1, 1, None)
+    assert rows[("transactions with discard evidence", "b/k4")] == (1, 1, None)
+    assert rows[("transactions with discard evidence", "b/k5")] == (1, 0, None)  # its second discard: looked up
+
+
+@pytest.mark.spark
 def test_the_version_validated_last_is_the_latest_runs_not_the_largest(spark: SparkSession) -> None:
     """A table reconcile rebuilt (new columns) starts again from version 0: the largest version validated
     would then skip it, or validate it whole, until it caught up. The last row of quality_runs says; a
@@ -75,16 +114,25 @@ def test_the_version_validated_last_is_the_latest_runs_not_the_largest(spark: Sp
             ("group_findings", NOW, None, "dq-1")]  # fmt: skip
     spark.createDataFrame(rows, "suite string, validated_at timestamp, table_version long, run_id string"
                           ).createOrReplaceTempView("dq_old")  # fmt: skip
-    spark.createDataFrame([], "finished_at timestamp, latest string").createOrReplaceTempView("dq_no_runs")
+    spark.createDataFrame([], "finished_at timestamp, latest string, totals string").createOrReplaceTempView(
+        "dq_no_runs"
+    )
     expected = {"deliveries": ("dq-2", 3), "group_findings": ("dq-1", None)}
     assert recorded_validations(spark, "dq_no_runs") is None
     assert validations_in(spark, "dq_old") == expected
+    held = {"as_of": 5, "tables": {"half": ["id", 2]}}
     runs = [
-        (NOW, json.dumps({"deliveries": ["dq-2", 3]})),
-        (NOW + dt.timedelta(hours=2), json.dumps({"deliveries": ["dq-3", 0]})),
+        (NOW, json.dumps({"deliveries": ["dq-2", 3]}), json.dumps(held)),
+        (NOW + dt.timedelta(hours=2), json.dumps({"deliveries": ["dq-3", 0]}), None),
     ]
-    spark.createDataFrame(runs, "finished_at timestamp, latest string").createOrReplaceTempView("dq_runs")
-    assert recorded_validations(spark, "dq_runs") == {"deliveries": ("dq-3", 0)}
+    spark.createDataFrame(runs, "finished_at timestamp, latest string, totals string").createOrReplaceTempView(
+        "dq_runs"
+    )
+    assert recorded_validations(spark, "dq_runs") == ({"deliveries": ("dq-3", 0)}, None)  # the totals failed last
+    spark.createDataFrame(runs[:1], "finished_at timestamp, latest string, totals string").createOrReplaceTempView(
+        "dq_runs"
+    )
+    assert recorded_validations(spark, "dq_runs") == ({"deliveries": ("dq-2", 3)}, held)
 
 
 def _results(spark: SparkSession, cfg: Config, run_id: str) -> list[dict[str, Any]]:
@@ -257,6 +305,51 @@ def test_silver_and_gold_are_validated_by_what_changed(spark: SparkSession, conf
     assert {r["scope"] for r in whole} == {"full"} and all(r["success"] for r in whole)
     states = next(r for r in whole if r["expectation"] == "expect_column_values_to_be_in_set(state)")
     assert states["element_count"] == spark.table(life).count()
+
+
+@pytest.mark.spark
+def test_the_totals_are_checked_from_where_they_last_held(spark: SparkSession, config: Config, tmp_path: Path) -> None:
+    """lifecycle_totals reads what changed since the run they last held at: what reconcile added after its
+    as_of, found as the whole tables find it; a transaction silver lost count of is named. After a failure
+    (or with no such run) the tables are read whole."""
+    cfg = fresh_db(spark, config, "t_quality_totals")
+    make_landing(tmp_path / "landing", n=150, seed=6)
+    ingest(spark, cfg, tmp_path / "landing", "run-1")
+    first, last = spark.table(cfg.table("half_events")).agg(F.min("store_timestamp"), F.max("store_timestamp")).first()  # type: ignore[misc]
+    reconcile(spark, cfg, as_of=(first + last) // 2)
+    check_quality(spark, cfg, "dq-totals-1", NOW)
+
+    def totals(run_id: str) -> tuple[str, int, bool]:
+        [r] = [r for r in _results(spark, cfg, run_id) if r["suite"] == "lifecycle_totals"]
+        return r["scope"], r["element_count"], r["success"]
+
+    def held() -> Any:
+        last_run = spark.table(cfg.table("quality_runs")).orderBy(F.desc("finished_at")).first()
+        return json.loads(last_run["totals"]) if last_run["totals"] else None  # type: ignore[index]
+
+    assert totals("dq-totals-1") == ("full", 5, True) and held()["as_of"] == (first + last) // 2
+    reconcile(spark, cfg)
+    check_quality(spark, cfg, "dq-totals-2", NOW)
+    scope, gains, ok = totals("dq-totals-2")
+    assert (scope, ok) == ("incremental", True) and gains > 5  # a row per count a transaction gained, and more
+    t = {n: spark.table(cfg.table(n)) for n in ("txn_lifecycle", "offset_commits", "half_events", "real_events",
+                                                "offset_events")}  # fmt: skip
+    whole = lifecycle_totals(t["txn_lifecycle"], t["offset_commits"], t["half_events"], t["real_events"],
+                             t["offset_events"], held()["as_of"])  # fmt: skip
+    assert whole.where(F.col("problem").isNotNull()).count() == 0
+
+    # Silver loses count of one transaction's copy.
+    life = cfg.table("txn_lifecycle")
+    victim = spark.table(life).where("copies > 1").orderBy("uniq_key").first()["uniq_key"]  # type: ignore[index]
+    spark.sql(f"UPDATE {life} SET copies = copies - 1 WHERE uniq_key = '{victim}'")
+    check_quality(spark, cfg, "dq-totals-3", NOW)
+    [failed] = _failed(_results(spark, cfg, "dq-totals-3")).values()
+    assert (failed["suite"], failed["scope"], failed["unexpected_count"]) == ("lifecycle_totals", "incremental", 1)
+    assert "half copies of " in failed["unexpected_sample"] and victim in failed["unexpected_sample"]
+    assert held() is None
+    spark.sql(f"UPDATE {life} SET copies = copies + 1 WHERE uniq_key = '{victim}'")
+    check_quality(spark, cfg, "dq-totals-4", NOW)
+    assert totals("dq-totals-4") == ("full", 5, True) and held() is not None
 
 
 @pytest.mark.spark
