@@ -242,12 +242,7 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
     if not suite.incremental or previous is None or previous > version:
         return Batch(suite, snapshot, version, "full")
     try:
-        changes = (
-            spark.read.option("readChangeFeed", "true")
-            .option("startingVersion", previous + 1)
-            .option("endingVersion", version)
-            .table(table)
-        )
+        changes = _change_feed(spark, table, previous, version)
         # Read here, once: change data that is missing fails only when it is read, and GE reads a batch often.
         # Only the rows that can share a key with a changed one are looked at: the table's recent files as a rule.
         bounded_by = [*suite.key, *suite.bounded_by]
@@ -263,6 +258,16 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
     except AnalysisException as e:  # change data no longer kept (VACUUM) or never recorded
         log.info("  %s: no change data since version %d (%s); validating it whole", table, previous, first_line(e))
         return Batch(suite, snapshot, version, "full")
+
+
+def _change_feed(spark: SparkSession, table: str, since: int, version: int) -> DataFrame:
+    """The table's Change Data Feed after version `since`, up to `version`."""
+    return (
+        spark.read.option("readChangeFeed", "true")
+        .option("startingVersion", since + 1)
+        .option("endingVersion", version)
+        .table(table)
+    )
 
 
 def _cross_batches(
@@ -328,8 +333,7 @@ def _totals(
         if since == version:  # nothing changed: no rows, the change feed's columns
             return t[k].where(F.lit(False)).select("*", F.lit("insert").alias("_change_type"),
                                                    F.lit(0).cast("long").alias("_commit_version"))  # fmt: skip
-        return (spark.read.option("readChangeFeed", "true").option("startingVersion", since + 1)
-                .option("endingVersion", version).table(names[k]))  # fmt: skip
+        return _change_feed(spark, names[k], since, version)
 
     since = held["as_of"]
     try:
