@@ -29,7 +29,6 @@ from jobs.catalog import may_have_rows, table_exists
 from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.lock import warehouse_lock
-from jobs.reconcile import latest_as_of
 from jobs.session import build_session
 from schemas.quality import DELIVERY_STATUSES
 from transforms.consumers import holders, islands, snapshots, subscription_text
@@ -37,6 +36,7 @@ from transforms.frames import kept_with_ranges, within
 
 log = logging.getLogger(__name__)
 
+Span = tuple[Any, Any]  # the least and greatest time of some rows (None, None: no rows with a time)
 ROWS = 500  # rows per table on the page; the header says when there are more
 # The lifecycle's columns the states' chart and the op lag read.
 LIFECYCLE_CHARTED = ("state", "born_ts", "first_copy_ts", "first_commit_ts", "resolved_ts")
@@ -109,20 +109,25 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     # A table without rows is left out as a missing one is: the queries on it (a warehouse that collects no
     # consumer groups or trace has several such) found nothing and cost Spark jobs.
     t = {n: df for n, df in t.items() if n in needed or may_have_rows(spark, config.table(n))}
-    # The states' chart and the op lag read the lifecycle four times: the columns they use are kept in memory.
+    # The states' chart and the op lag read the lifecycle three times: the columns they use are kept in memory.
     # Not the keys and names, which only the findings' join reads, once: keeping a million transactions' keys in
     # memory cost more than reading them for the join.
     life = t["txn_lifecycle"].select(*LIFECYCLE_CHARTED).persist()
     # Anomalies are few next to transactions: keep them, with their transaction's group and topic, in memory.
     txn = t["txn_lifecycle"].select("broker_name", "uniq_key", "producer_group", "real_topic", "state")
     keyed = t["anomalies"].join(txn, on=["broker_name", "uniq_key"], how="left").persist()
+    # The latest run first: its as_of is the data time of every table here.
+    reconcile_runs = _reconcile_runs(t.get("reconcile_runs"))
+    as_of = reconcile_runs[0]["as_of"] if reconcile_runs else None
     try:
-        states = _over_time(life, F.coalesce("first_copy_ts", "first_commit_ts"), "state")
-        anomalies = _over_time(keyed, F.col("event_ts"), "anomaly_type")
+        op_lag, lifecycle_figures, states_span = _op_lag(life, as_of)
+        states = _over_time(life, F.coalesce("first_copy_ts", "first_commit_ts"), "state", states_span)
+        anomalies_span, sums = _keyed_pass(keyed)
+        anomalies = _over_time(keyed, F.col("event_ts"), "anomaly_type", anomalies_span)
         data: dict[str, Any] = {
             "database": config.database,
             "generated_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-            "as_of": latest_as_of(spark, config),
+            "as_of": as_of,
             "states": _totals(states),
             "anomaly_counts": _totals(anomalies),
             "states_over_time": states,
@@ -130,8 +135,8 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
         }
         listed = _listed(keyed)
         data |= _anomaly_tables(keyed, data["anomaly_counts"], listed)
-        data |= _group_findings(keyed, data["anomaly_counts"], listed)
-        data["op_lag"], lifecycle_figures = _op_lag(life, data["as_of"])
+        data |= _group_findings(data["anomaly_counts"], listed, sums)
+        data["op_lag"] = op_lag
         findings = _findings(keyed)
         trace = _trace(keyed, t.get("trace_events"), t.get("real_events"), data["as_of"])
         contradictions = data["anomaly_counts"].get("TRACE_CONTRADICTION", 0)
@@ -141,15 +146,15 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
         keyed.unpersist()
         life.unpersist()
     data["ingest_runs"] = _ingest_runs(t.get("ingest_runs"))
-    data["reconcile_runs"] = _reconcile_runs(t.get("reconcile_runs"))
+    data["reconcile_runs"] = reconcile_runs
     data["collect_runs"] = _collect_runs(t.get("collect_runs"))
     data |= _groups(t.get("consumer_events"))
     counts = t.get("delivery_counts")
-    data["deliveries"] = group_deliveries(counts, t.get("deliveries"), data["as_of"])
+    data["deliveries"], spans = _group_deliveries(counts, t.get("deliveries"), data["as_of"])
     shown = [r["consumer_group"] for r in data["deliveries"]]
     per_group = {}
     if counts is not None and shown:
-        per_group = _over_time_by(counts, F.col("second_ts"), "status", "consumer_group", F.col("messages"))
+        per_group = _over_time_by(counts, F.col("second_ts"), "status", "consumer_group", F.col("messages"), spans)
     data["deliveries_over_time"] = {group: per_group.get(group, _no_times()) for group in shown}
     # What `txn-recon serve` exports as metrics, from the same reads: a cycle reads each table once.
     data["figures"] = {"as_of": data["as_of"], **findings, **lifecycle_figures, "deliveries": data["deliveries"],
@@ -243,9 +248,12 @@ def _brokers(spark: SparkSession, config: Config, counts: dict[str, int], listed
             out["broker_writes"] = _per_bucket(writes)
         finally:
             writes.unpersist()
-    if table_exists(spark, config.table("topology_events")):
-        members = spark.table(config.table("topology_events")).where("kind = 'broker' AND broker_id = 0")
-        out["brokers"] = sorted(r["broker_name"] for r in members.select("broker_name").distinct().collect())
+    topology = config.table("topology_events")
+    if table_exists(spark, topology):
+        out["brokers"] = []
+        if may_have_rows(spark, topology):  # a query on a table without rows still runs jobs
+            members = spark.table(topology).where("kind = 'broker' AND broker_id = 0")
+            out["brokers"] = sorted(r["broker_name"] for r in members.select("broker_name").distinct().collect())
     return out | {
         "topic_gaps": listed["topic_gaps"],
         "topic_gaps_total": counts.get("TOPIC_NOT_ON_BROKER", 0),
@@ -269,16 +277,25 @@ def group_deliveries(counts: DataFrame | None, deliveries: DataFrame | None, as_
     """Per group: the messages it wants and what became of them (the README's query of the same), from
     `delivery_counts`; the oldest pending message, its age at `as_of`, is looked up in `deliveries` within the
     second the counts name (its files by store time: Delta skips the others)."""
+    return _group_deliveries(counts, deliveries, as_of)[0]
+
+
+def _group_deliveries(
+    counts: DataFrame | None, deliveries: DataFrame | None, as_of: int | None
+) -> tuple[list[dict[str, Any]], dict[str, Span]]:
+    """`group_deliveries`, and from the same pass each group's span of time (for its chart)."""
     if counts is None or deliveries is None:
-        return []
-    status, n = F.col("status"), F.col("messages")
+        return [], {}
+    status, n, second = F.col("status"), F.col("messages"), F.col("second_ts")
     per_group = counts.groupBy("consumer_group").agg(
         F.sum(n).alias("wanted"),
         *(F.sum(F.when(status == s, n).otherwise(0)).alias(s.lower()) for s in DELIVERY_STATUSES),
-        F.min(F.when(status == "PENDING", F.col("second_ts"))).alias("_pending_since"),
+        F.min(F.when(status == "PENDING", second)).alias("_pending_since"),
         F.sum("retries").alias("retries"), F.sum("duplicates_expected").alias("duplicates_expected"),
+        F.min(second).alias("_first"), F.max(second).alias("_last"),
     )  # fmt: skip
-    rows = per_group.orderBy("consumer_group").collect()  # a row per group: every one
+    # A row per group, every one, ordered here: ordering them in Spark cost a job of its own.
+    rows = sorted(per_group.collect(), key=lambda r: (r["consumer_group"] is not None, r["consumer_group"] or ""))
     since = [r["_pending_since"] for r in rows if r["_pending_since"] is not None]
     oldest: dict[str, int] = {}
     if since and as_of is not None:
@@ -286,12 +303,13 @@ def group_deliveries(counts: DataFrame | None, deliveries: DataFrame | None, as_
         pending = deliveries.where((status == "PENDING") & window).groupBy("consumer_group")
         oldest = {r[0]: as_of - r[1] for r in pending.agg(F.min("store_timestamp")).collect()}
     statuses = [s.lower() for s in DELIVERY_STATUSES]
-    return [
+    found = [
         {"consumer_group": r["consumer_group"], "wanted": r["wanted"], **{s: r[s] for s in statuses},
          "oldest_pending_ms": oldest.get(r["consumer_group"]), "retries": r["retries"],
          "duplicates_expected": r["duplicates_expected"]}
         for r in rows
     ]  # fmt: skip
+    return found, {r["consumer_group"]: (r["_first"], r["_last"]) for r in rows}
 
 
 def _anomaly_tables(keyed: DataFrame, counts: dict[str, int], listed: Listed) -> dict[str, Any]:
@@ -313,20 +331,28 @@ def _anomaly_tables(keyed: DataFrame, counts: dict[str, int], listed: Listed) ->
     }
 
 
-def _group_findings(keyed: DataFrame, counts: dict[str, int], listed: Listed) -> dict[str, Any]:
+def _group_findings(counts: dict[str, int], listed: Listed, sums: dict[str, int]) -> dict[str, Any]:
     """The consumer-group findings: conflicts, stranded queues, expected duplicates at hand-offs, jumps,
-    messages parked in a dead-letter queue, and messages a tag filter kept from the group."""
+    messages parked in a dead-letter queue, and messages a tag filter kept from the group (`sums`: what
+    `_keyed_pass` added up)."""
     out: dict[str, Any] = {}
     for name in GROUP_TABLES:
         out[name] = listed[name]
         out[f"{name}_total"] = counts.get(LISTED[name].types[0], 0)
+    return out | sums
+
+
+def _keyed_pass(keyed: DataFrame) -> tuple[Span, dict[str, int]]:
+    """One pass over the findings: their span of event time (for their chart) and what the group findings add
+    up to (the duplicates expected at hand-offs, the messages UNDELIVERED)."""
     kind = F.col("anomaly_type")
     estimate = F.get_json_object("detail", "$.duplicates_estimate").cast("long")
     lost = F.get_json_object("detail", "$.messages").cast("long")
-    duplicates, undelivered = keyed.agg(F.sum(F.when(kind == "REDELIVERY_AT_HANDOFF", estimate)),
-                                        F.sum(F.when(kind == "UNDELIVERED", lost))).collect()[0]  # fmt: skip
-    out["expected_duplicates"], out["undelivered_messages"] = duplicates or 0, undelivered or 0
-    return out
+    first, last, duplicates, undelivered = keyed.agg(
+        F.min("event_ts"), F.max("event_ts"), F.sum(F.when(kind == "REDELIVERY_AT_HANDOFF", estimate)),
+        F.sum(F.when(kind == "UNDELIVERED", lost)),
+    ).collect()[0]  # fmt: skip
+    return (first, last), {"expected_duplicates": duplicates or 0, "undelivered_messages": undelivered or 0}
 
 
 def _groups(consumer: DataFrame | None) -> dict[str, Any]:
@@ -465,23 +491,30 @@ def _rows(df: DataFrame, columns: Sequence[str | Column], limit: int) -> list[di
     return [r.asDict() for r in df.select(*columns).limit(limit).collect()]
 
 
-def _over_time(df: DataFrame, ts: Column, group: str) -> dict[str, Any]:
-    """Counts per (time bucket, group), with the bucket width chosen from the data's time span."""
-    return _over_time_by(df.withColumn("_all", F.lit(True)), ts, group, "_all").get(True, _no_times())
+def _over_time(df: DataFrame, ts: Column, group: str, span: Span | None = None) -> dict[str, Any]:
+    """Counts per (time bucket, group), with the bucket width chosen from the data's time span (`span`, the least
+    and greatest `ts`, when an earlier pass over the rows found it)."""
+    spans = None if span is None else {True: span}
+    return _over_time_by(df.withColumn("_all", F.lit(True)), ts, group, "_all", spans=spans).get(True, _no_times())
 
 
 def _over_time_by(
-    df: DataFrame, ts: Column, group: str, by: str, weight: Column | None = None
-) -> dict[Any, dict[str, Any]]:
+    df: DataFrame, ts: Column, group: str, by: str, weight: Column | None = None,
+    spans: dict[Any, Span] | None = None,
+) -> dict[Any, dict[str, Any]]:  # fmt: skip
     """`_over_time` of the rows of each value of `by` (its buckets sized to its own span), in two passes over
     `df` for every value together: the deliveries' charts, one per consumer group, took two passes each. With
-    `weight`, each row counts that much (rows that are counts already)."""
+    `weight`, each row counts that much (rows that are counts already). With `spans` (per value of `by`, the
+    least and greatest `ts`, found by a pass that had to be made anyway), in one pass."""
     timed = df.select(
         F.col(by).alias("_by"), ts.alias("ts"), group, (F.lit(1) if weight is None else weight).alias("_n")
     )
     timed = timed.where(F.col("ts").isNotNull() & F.col("_by").isNotNull())
-    spans = timed.groupBy("_by").agg(F.min("ts").alias("first"), F.max("ts").alias("last")).collect()
-    widths = {r["_by"]: bucket_ms(r["first"], r["last"]) for r in spans}
+    if spans is None:
+        found = timed.groupBy("_by").agg(F.min("ts").alias("first"), F.max("ts").alias("last")).collect()
+        spans = {r["_by"]: (r["first"], r["last"]) for r in found}
+    widths = {value: bucket_ms(first, last) for value, (first, last) in spans.items()
+              if value is not None and first is not None}  # fmt: skip
     if not widths:
         return {}
     width = F.create_map(*(F.lit(v) for pair in widths.items() for v in pair))[F.col("_by")]
@@ -497,25 +530,28 @@ def _no_times() -> dict[str, Any]:
     return {"bucket_ms": 1000, "counts": []}
 
 
-def _op_lag(life: DataFrame, as_of: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def _op_lag(life: DataFrame, as_of: int | None) -> tuple[dict[str, Any], dict[str, Any], Span]:
     """Op lag per time bucket of the commit: how long after a transaction's first final message the op
     resolving it was stored, the largest per bucket. A lag past the check timeout lets the check service
     reach committed transactions: the early warning of RECHECKED_AFTER_RESOLUTION and duplicate commits.
     Beside it, from the same pass over the lifecycle, what the metrics show of it: the lag's quantiles in
-    seconds ("0.5", "0.99", "1") and the transactions pending at `as_of` at least each of PENDING_AGES old."""
+    seconds ("0.5", "0.99", "1") and the transactions pending at `as_of` at least each of PENDING_AGES old;
+    and the span of the states' chart (first copy, else first commit)."""
     lag = F.col("resolved_ts") - F.col("first_commit_ts")
     shown = F.when(lag >= 0, F.col("first_commit_ts"))
     old = [F.count_if((F.col("state") == "PENDING") & (F.lit(as_of) - F.col("born_ts") >= ms)).alias(label)
            for label, ms in PENDING_AGES.items()] if as_of is not None else []  # fmt: skip
-    first, last, quantiles, most, *pending = life.agg(
-        F.min(shown), F.max(shown), F.percentile_approx(lag / 1000, [0.5, 0.99]), F.max(lag / 1000), *old
-    ).collect()[0]
+    seen = F.coalesce("first_copy_ts", "first_commit_ts")
+    first, last, quantiles, most, seen_first, seen_last, *pending = life.agg(
+        F.min(shown), F.max(shown), F.percentile_approx(lag / 1000, [0.5, 0.99]), F.max(lag / 1000), F.min(seen),
+        F.max(seen), *old,
+    ).collect()[0]  # fmt: skip
     figures = {
         "op_lag_seconds": {} if most is None else {"0.5": quantiles[0], "0.99": quantiles[1], "1": most},
         "pending": dict(zip(PENDING_AGES, pending, strict=True)) if as_of is not None else {},
     }
     if first is None:
-        return {"bucket_ms": 1000, "rows": []}, figures
+        return {"bucket_ms": 1000, "rows": []}, figures, (seen_first, seen_last)
     width = bucket_ms(first, last)
     rows = (
         life.where(lag >= 0)
@@ -524,7 +560,8 @@ def _op_lag(life: DataFrame, as_of: int | None) -> tuple[dict[str, Any], dict[st
         .orderBy("bucket")
         .collect()
     )
-    return {"bucket_ms": width, "rows": [(int(r["bucket"]), int(r["max_ms"])) for r in rows]}, figures
+    lags = {"bucket_ms": width, "rows": [(int(r["bucket"]), int(r["max_ms"])) for r in rows]}
+    return lags, figures, (seen_first, seen_last)
 
 
 def _age_bins(stuck: DataFrame) -> list[tuple[str, int]]:
