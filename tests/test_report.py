@@ -38,8 +38,16 @@ def test_counts_over_time_per_group_size_each_groups_buckets_to_its_own_span(spa
     by_group = {g: [r for r in ROWS if r[0] == g] for g in ("g1", "g2")}
     assert found == {g: expected(rows) for g, rows in by_group.items()}  # g3 has no time: no chart data
     assert found["g1"]["bucket_ms"] != found["g2"]["bucket_ms"]
+    # Given the spans a pass made anyway found (g3: none with a time), the same in one pass.
+    times = {g: [ts for gg, ts, _ in ROWS if gg == g and ts is not None] for g in ("g1", "g2", "g3")}
+    spans = {g: (min(ts, default=None), max(ts, default=None)) for g, ts in times.items()}
+    given = _over_time_by(df, F.col("store_timestamp"), "status", "consumer_group", spans=spans)
+    assert {g: {"bucket_ms": v["bucket_ms"], "counts": sorted(v["counts"])} for g, v in given.items()} == found
     whole = _over_time(df, F.col("store_timestamp"), "status")
     assert {**whole, "counts": sorted(whole["counts"])} == expected(ROWS)
+    span = (min(t for _, t, _ in ROWS if t is not None), max(t for _, t, _ in ROWS if t is not None))
+    again = _over_time(df, F.col("store_timestamp"), "status", span)
+    assert {**again, "counts": sorted(again["counts"])} == expected(ROWS)
     assert _over_time(df.where("store_timestamp IS NULL"), F.col("store_timestamp"), "status") == {
         "bucket_ms": 1000, "counts": []}  # fmt: skip
 
