@@ -109,6 +109,9 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     # A table without rows is left out as a missing one is: the queries on it (a warehouse that collects no
     # consumer groups or trace has several such) found nothing and cost Spark jobs.
     t = {n: df for n, df in t.items() if n in needed or may_have_rows(spark, config.table(n))}
+    # The latest run first: its as_of is the data time of every table here.
+    reconcile_runs = _reconcile_runs(t.get("reconcile_runs"))
+    as_of = reconcile_runs[0]["as_of"] if reconcile_runs else None
     # The states' chart and the op lag read the lifecycle three times: the columns they use are kept in memory.
     # Not the keys and names, which only the findings' join reads, once: keeping a million transactions' keys in
     # memory cost more than reading them for the join.
@@ -116,9 +119,6 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     # Anomalies are few next to transactions: keep them, with their transaction's group and topic, in memory.
     txn = t["txn_lifecycle"].select("broker_name", "uniq_key", "producer_group", "real_topic", "state")
     keyed = t["anomalies"].join(txn, on=["broker_name", "uniq_key"], how="left").persist()
-    # The latest run first: its as_of is the data time of every table here.
-    reconcile_runs = _reconcile_runs(t.get("reconcile_runs"))
-    as_of = reconcile_runs[0]["as_of"] if reconcile_runs else None
     try:
         op_lag, lifecycle_figures, states_span = _op_lag(life, as_of)
         states = _over_time(life, F.coalesce("first_copy_ts", "first_commit_ts"), "state", states_span)
