@@ -27,7 +27,6 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from delta.tables import DeltaTable
 from py4j.protocol import Py4JJavaError
@@ -138,6 +137,20 @@ class Written:
     transactions: int
     queues: int
     wants: str  # wants_json: what the deliveries written were computed for
+
+
+@dataclass(frozen=True)
+class Queues:
+    """The consumer queues' part of an incremental run (`incremental.queue_side`)."""
+
+    queues: int  # touched: with new commits
+    commits_then: DataFrame  # offset_commits as the last run left it
+    snapshots: DataFrame  # the consumer snapshots up to as_of
+    commits: DataFrame  # the touched queues' commits, recomputed
+    every_commit: DataFrame  # the others' as they were, and these
+    refused: Refusals
+    whole: DataFrame  # the findings recomputed whole (WHOLE_TYPES)
+    wants: str  # wants_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -409,19 +422,27 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
     # Cached once: the anomalies and both writes read them (Spark swaps the cache into every plan using them).
     life, commits_df = view[TXN_LIFECYCLE.name].persist(), view[OFFSET_COMMITS.name].persist()
     delivered = view[DELIVERIES.name].persist()  # the consumption trace's findings read them too
-    try:
-        merge_anomalies(spark, config, view[ANOMALIES.name])
-        _progress("anomalies merged")
+
+    def silver() -> Written:
         _replace(config, OFFSET_COMMITS, commits_df)
         _progress("offset_commits written")
         # Files by birth time: new events touch recent transactions, so a later merge skips the older files.
         _replace(config, TXN_LIFECYCLE, life.repartitionByRange("born_ts"))
         _progress("txn_lifecycle written")
-        _replace_deliveries(config, delivered)
-        _progress("deliveries written")
         transactions, queues = life.count(), commits_df.select(*OFFSET_KEY).distinct().count()
         wants = wants_json(wanted(snapshots_up_to(bronze.frames, as_of), commits_df))
         return Written("full", reason, transactions, queues, wants)
+
+    try:
+        # Silver is written in a thread of its own, beside the anomalies and the deliveries, so that the jobs of
+        # one share the cores while the driver plans the other's.
+        with ThreadPoolExecutor(1, "reconcile") as pool:
+            written = pool.submit(silver)
+            merge_anomalies(spark, config, view[ANOMALIES.name])
+            _progress("anomalies merged")
+            _replace_deliveries(config, delivered)
+            _progress("deliveries written")
+            return written.result()
     finally:
         life.unpersist()
         commits_df.unpersist()
@@ -434,37 +455,44 @@ def incremental(
     """Only what changed since `last`; None when that is most of the data (a full run is then cheaper)."""
     half, op, real, offset, trace = (bronze.frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
     new = {s: new_rows(spark, bronze, s, last, as_of) for s in TIME}
-    current = _as_left(spark, config, TXN_LIFECYCLE, last)
-    # The copies the new ops list are looked up among the halves within their ranges: recent files as a rule.
-    listed = within(half, ranges(listed_copies(new["op"]), BRONZE["half"].key))
-    # Checkpointed (kept by the executors, lineage cut): small, used in many places, and every later plan
-    # stays short; a plan that repeats a cached part's whole lineage in each use can fill the heap.
-    keys, touched = kept(union_all([
-        touched_transactions(new["half"], new["op"], new["real"], listed, current),
-        traced_transactions(new["trace"], current),
-    ]).distinct(), row_count())  # fmt: skip
-    queues, queued = kept(touched_queues(new["offset"]), row_count())
-    n_keys, n_queues = touched["rows"], queued["rows"]
-    _progress("%d transactions and %d queues to recompute", n_keys, n_queues)
-    if n_keys > FULL_ABOVE_KEYS and n_keys > FULL_ABOVE_SHARE * current.count():
-        return None
-    # Kept: every group rule and the deliveries read the commits, and planning a query that scans a table with
-    # deletion vectors runs a Spark job per scan to look for them (while it finds none, again at each re-plan).
-    commits_then = _as_left(spark, config, OFFSET_COMMITS, last).localCheckpoint()
-    snapshots = snapshots_up_to(bronze.frames, as_of)
     copies = bronze.frames["copy"]
 
-    def merge_deliveries(every_commit: DataFrame, whole: DataFrame, refused: Refusals, wants: str) -> None:
-        if wants != last["wants"]:
-            _replace_deliveries(config, deliveries(real, snapshots, every_commit, copies, whole, refused, as_of))
+    def queue_side() -> Queues:
+        """The consumer queues' part, which needs nothing of the transactions' part: their commits, then the
+        group findings and offset regressions, recomputed whole (WHOLE_TYPES). It writes nothing: a run that
+        turns out full drops it."""
+        queues, queued = kept(touched_queues(new["offset"]), row_count())
+        _progress("%d queues to recompute", queued["rows"])
+        # Kept: every group rule and the deliveries read the commits, and planning a query that scans a table with
+        # deletion vectors runs a Spark job per scan to look for them (while it finds none, again at each re-plan).
+        commits_then = _as_left(spark, config, OFFSET_COMMITS, last).localCheckpoint()
+        snapshots = snapshots_up_to(bronze.frames, as_of)
+        commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).localCheckpoint()
+        untouched = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
+        every_commit = union_all([untouched.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
+        snapshotted = not snapshots.isEmpty()
+        refused = refused_by_filters(snapshots, every_commit, real, snapshotted)
+        whole = (
+            every_commit.transform(offset_regressions(real, as_of))
+            .unionByName(group_anomalies(snapshots, every_commit, real, copies, refused, as_of,
+                                         rules.stranded_after_ms, snapshotted))
+            .localCheckpoint()
+        )  # fmt: skip
+        wants = wants_json(wanted(snapshots, every_commit))
+        return Queues(queued["rows"], commits_then, snapshots, commits_q, every_commit, refused, whole, wants)
+
+    def merge_deliveries(q: Queues) -> None:
+        if q.wants != last["wants"]:
+            _replace_deliveries(config, deliveries(real, q.snapshots, q.every_commit, copies, q.whole, q.refused,
+                                                   as_of))  # fmt: skip
             _progress("deliveries rewritten: the groups want other topics or tags than at the last run")
             return
         stored = _as_left(spark, config, DELIVERIES, last)
         found_then = _as_left(spark, config, ANOMALIES, last)
-        messages = changing(real, new["real"], snapshots, commits_then, every_commit, stored, copies, found_then,
-                            whole, refused, as_of).localCheckpoint()  # fmt: skip
+        messages = changing(real, new["real"], q.snapshots, q.commits_then, q.every_commit, stored, copies,
+                            found_then, q.whole, q.refused, as_of).localCheckpoint()  # fmt: skip
         recomputed, bounds = kept_with_ranges(
-            deliveries(messages, snapshots, every_commit, copies, whole, refused, as_of),
+            deliveries(messages, q.snapshots, q.every_commit, copies, q.whole, q.refused, as_of),
             [*DELIVERIES.key, "store_timestamp"],
         )
         # Compared with the stored rows within the recomputed keys' ranges and their messages' store times (a
@@ -477,57 +505,47 @@ def incremental(
             _count_changes(spark, config, last["deliveries_version"], earliest)
         _progress("deliveries merged: %d rows changed", seen["rows"])
 
-    # The consumption trace's findings are compared with the deliveries this run merges, so that with such a
-    # trace the anomalies wait for the deliveries; one merge writes every finding, so that a reader sees the
-    # anomalies as they were before a run or after it, never in between.
-    consuming = trace.where(F.col("trace_type").isin("SubBefore", "SubAfter")).limit(1).count() > 0
-
-    # Independent parts run side by side, in a thread of their own, so that their jobs share the cores (most of a
-    # small job is the driver's): the lifecycle beside the group rules, the deliveries beside the merges.
-    def live() -> tuple[DataFrame, dict[str, Any]]:
+    # The two parts run side by side, the queues' in a thread of its own, so that the jobs of one share the cores
+    # while the driver plans the other's (most of a small job is the driver's): the transactions' scope, lifecycle
+    # and merge here; the queues' commits, group rules and then the deliveries there.
+    with ThreadPoolExecutor(1, "reconcile") as pool:
+        queue_part = pool.submit(queue_side)
+        current = _as_left(spark, config, TXN_LIFECYCLE, last)
+        # The copies the new ops list are looked up among the halves within their ranges: recent files as a rule.
+        listed = within(half, ranges(listed_copies(new["op"]), BRONZE["half"].key))
+        # Checkpointed (kept by the executors, lineage cut): small, used in many places, and every later plan
+        # stays short; a plan that repeats a cached part's whole lineage in each use can fill the heap.
+        keys, touched = kept(union_all([
+            touched_transactions(new["half"], new["op"], new["real"], listed, current),
+            traced_transactions(new["trace"], current),
+        ]).distinct(), row_count())  # fmt: skip
+        n_keys = touched["rows"]
+        _progress("%d transactions to recompute", n_keys)
+        if n_keys > FULL_ABOVE_KEYS and n_keys > FULL_ABOVE_SHARE * current.count():
+            return None  # once the queues' part is done (leaving the pool waits for it): a full run follows
+        delivered = pool.submit(lambda: merge_deliveries(queue_part.result()))
         # The plan reads the recomputed transactions' halves and messages several times: kept, each table is
         # scanned once for them.
         half_k, real_k = (kept(df.join(F.broadcast(keys), on=ID, how="left_semi"))[0] for df in (half, real))
-        return kept(facts_of(keys, half_k, op, real_k).transform(lifecycle(as_of, rules)),
-                    F.min("born_ts").alias("born"))  # fmt: skip
-
-    with ThreadPoolExecutor(1, "reconcile") as pool:
-        lives = pool.submit(live)
-        commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).localCheckpoint()
-        untouched = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
-        every_commit = union_all([untouched.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
-        # The group findings and offset regressions are recomputed whole (WHOLE_TYPES).
-        snapshotted = not snapshots.isEmpty()
-        refused = refused_by_filters(snapshots, every_commit, real, snapshotted)
-        whole = (
-            every_commit.transform(offset_regressions(real, as_of))
-            .unionByName(group_anomalies(snapshots, every_commit, real, copies, refused, as_of,
-                                         rules.stranded_after_ms, snapshotted))
-            .localCheckpoint()
-        )  # fmt: skip
-        wants = wants_json(wanted(snapshots, every_commit))
-
-        def merge_found(found: list[DataFrame]) -> None:
-            if consuming:
-                stored = spark.table(config.table(DELIVERIES.name))
-                found = [*found, consumption(trace, real, stored, whole, as_of)]
-            merge_anomalies(spark, config, union_all(found), scope=keys)
-            _progress("anomalies merged")
-
-        life, seen = lives.result()
-        delivered = pool.submit(merge_deliveries, every_commit, whole, refused, wants)
-        found = [transaction_anomalies(life, as_of, rules, trace), whole,
-                 cluster_anomalies(bronze.frames, as_of, rules)]  # fmt: skip
-        if not consuming:
-            merge_found(found)
-        _merge(spark, config, OFFSET_COMMITS, commits_q, list(OFFSET_COMMITS.names[:8]))
-        _progress("offset_commits merged")
+        life, seen = kept(facts_of(keys, half_k, op, real_k).transform(lifecycle(as_of, rules)),
+                          F.min("born_ts").alias("born"))  # fmt: skip
         _merge(spark, config, TXN_LIFECYCLE, life, ID, born_since(seen["born"]))
         _progress("txn_lifecycle merged")
+        q = queue_part.result()
+        found = [transaction_anomalies(life, as_of, rules, trace), q.whole,
+                 cluster_anomalies(bronze.frames, as_of, rules)]  # fmt: skip
+        # The consumption trace's findings are compared with the deliveries this run merges, so that with such a
+        # trace the anomalies wait for the deliveries; one merge writes every finding, so that a reader sees the
+        # anomalies as they were before a run or after it, never in between.
+        if trace.where(F.col("trace_type").isin("SubBefore", "SubAfter")).limit(1).count() > 0:
+            delivered.result()
+            found.append(consumption(trace, real, spark.table(config.table(DELIVERIES.name)), q.whole, as_of))
+        merge_anomalies(spark, config, union_all(found), scope=keys)
+        _progress("anomalies merged")
+        _merge(spark, config, OFFSET_COMMITS, q.commits, list(OFFSET_COMMITS.names[:8]))
+        _progress("offset_commits merged")
         delivered.result()
-    if consuming:
-        merge_found(found)
-    return Written("incremental", None, n_keys, n_queues, wants)
+    return Written("incremental", None, n_keys, q.queues, q.wants)
 
 
 def _replace_deliveries(config: Config, df: DataFrame) -> None:
