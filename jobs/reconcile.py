@@ -358,25 +358,38 @@ def _history(spark: SparkSession, table: str, since: int) -> list[Row]:
 
 def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[str, DataFrame]:
     """Every output table computed from bronze alone: what a full run writes, by table name."""
-    half, op, real, offset, trace = (frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
+    life, commits_df = silver_view(frames, as_of, rules)
+    found, delivered = gold_view(frames, life, commits_df, snapshots_up_to(frames, as_of), as_of, rules)
+    return {
+        TXN_LIFECYCLE.name: life,
+        OFFSET_COMMITS.name: commits_df,
+        ANOMALIES.name: found,
+        DELIVERIES.name: delivered,
+    }
+
+
+def silver_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> tuple[DataFrame, DataFrame]:
+    """The transactions' lifecycle and the offset commits, from bronze alone."""
+    half, op, real, offset, _ = (frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
     life = facts(half, resolutions(half, resolved_offsets(op)), real).transform(lifecycle(as_of, rules))
-    commits_df = offset_commits(offset)
-    snapshots = snapshots_up_to(frames, as_of)
+    return life, offset_commits(offset)
+
+
+def gold_view(frames: dict[str, DataFrame], life: DataFrame, commits_df: DataFrame, snapshots: DataFrame, as_of: int,
+              rules: Rules) -> tuple[DataFrame, DataFrame]:  # fmt: skip
+    """The anomalies and the deliveries, from silver, the consumer snapshots up to `as_of` and bronze."""
+    real, trace = (frames[s].transform(up_to(as_of, TIME[s])) for s in ("real", "trace"))
     # Findings and refusals are few, and both the anomalies and the deliveries read them: computed once, kept.
     snapshotted = not snapshots.isEmpty()
     refused = refused_by_filters(snapshots, commits_df, real, snapshotted)
     groups = group_anomalies(snapshots, commits_df, real, frames["copy"], refused, as_of, rules.stranded_after_ms,
                              snapshotted)  # fmt: skip
     whole = commits_df.transform(offset_regressions(real, as_of)).unionByName(groups).localCheckpoint()
-    delivered = deliveries(real, snapshots, commits_df, frames["copy"], whole, refused, as_of)
+    # Checkpointed: the consumption trace's findings join it twice, and planning over its whole plan took seconds.
+    delivered = deliveries(real, snapshots, commits_df, frames["copy"], whole, refused, as_of).localCheckpoint()
     found = [transaction_anomalies(life, as_of, rules, trace), whole, cluster_anomalies(frames, as_of, rules),
              consumption(trace, real, delivered, whole, as_of)]  # fmt: skip
-    return {
-        TXN_LIFECYCLE.name: life,
-        OFFSET_COMMITS.name: commits_df,
-        ANOMALIES.name: union_all(found),
-        DELIVERIES.name: delivered,
-    }
+    return union_all(found), delivered
 
 
 def consumption(trace: DataFrame, real: DataFrame, delivered: DataFrame, found: DataFrame, as_of: int) -> DataFrame:
@@ -418,10 +431,9 @@ def snapshots_up_to(frames: dict[str, DataFrame], as_of: int) -> DataFrame:
 
 def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, rules: Rules, reason: str) -> Written:
     """Everything from bronze: silver replaced, anomalies merged whole."""
-    view = full_view(bronze.frames, as_of, rules)
     # Cached once: the anomalies and both writes read them (Spark swaps the cache into every plan using them).
-    life, commits_df = view[TXN_LIFECYCLE.name].persist(), view[OFFSET_COMMITS.name].persist()
-    delivered = view[DELIVERIES.name].persist()  # the consumption trace's findings read them too
+    life, commits_df = (df.persist() for df in silver_view(bronze.frames, as_of, rules))
+    snapshots = snapshots_up_to(bronze.frames, as_of)
 
     def silver() -> Written:
         _replace(config, OFFSET_COMMITS, commits_df)
@@ -430,15 +442,15 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
         _replace(config, TXN_LIFECYCLE, life.repartitionByRange("born_ts"))
         _progress("txn_lifecycle written")
         transactions, queues = life.count(), commits_df.select(*OFFSET_KEY).distinct().count()
-        wants = wants_json(wanted(snapshots_up_to(bronze.frames, as_of), commits_df))
-        return Written("full", reason, transactions, queues, wants)
+        return Written("full", reason, transactions, queues, wants_json(wanted(snapshots, commits_df)))
 
     try:
-        # Silver is written in a thread of its own, beside the anomalies and the deliveries, so that the jobs of
-        # one share the cores while the driver plans the other's.
+        # Silver is written in a thread of its own while the driver plans the anomalies and the deliveries, and
+        # beside their jobs: the cores are shared, and neither waits for the other's planning.
         with ThreadPoolExecutor(1, "reconcile") as pool:
             written = pool.submit(silver)
-            merge_anomalies(spark, config, view[ANOMALIES.name])
+            found, delivered = gold_view(bronze.frames, life, commits_df, snapshots, as_of, rules)
+            merge_anomalies(spark, config, found)
             _progress("anomalies merged")
             _replace_deliveries(config, delivered)
             _progress("deliveries written")
@@ -446,7 +458,6 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
     finally:
         life.unpersist()
         commits_df.unpersist()
-        delivered.unpersist()
 
 
 def incremental(
