@@ -188,12 +188,13 @@ def stage(name: str, cmd: list[str], items: int, unit: str) -> dict[str, Any]:
         job_s, touched = float(done[4]), int(done[2])
         figure |= {"mode": done[1], "transactions_computed": touched, "queues": int(done[3]), "job_s": job_s,
                    "transactions_per_s_in_job": round(items / job_s)}  # fmt: skip
-    steps = dict(STEP.findall(err))
-    if "deliveries" in steps:  # the deliveries table, written last: its own seconds within the job
-        figure["deliveries_s"] = round(float(steps["deliveries"]) - float(steps["txn_lifecycle"]), 1)
+    # When each table was done, in seconds since the job began: reconcile writes some side by side, in two
+    # threads, so these are times, not each table's own cost.
+    if steps := {table: float(s) for table, s in STEP.findall(err)}:
+        figure["tables_done_s"] = steps
     print(f"  {name:<22} {figure['wall_s']:>8.1f} s  {figure[f'{unit}_per_s']:>10,} {unit}/s  "
           f"peak {peak:,} MiB" + (f"  (in job {figure['job_s']:.1f} s, {figure['mode']})" if done else "")
-          + (f", of which deliveries {figure['deliveries_s']:.1f} s" if "deliveries_s" in figure else ""),
+          + (", tables done at " + ", ".join(f"{t} {s:.1f} s" for t, s in steps.items()) if steps else ""),
           flush=True)  # fmt: skip
     new_logs = sorted(set(EVENT_LOGS.iterdir()) - before)
     if new_logs:
