@@ -370,7 +370,7 @@ def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[st
 
 def silver_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> tuple[DataFrame, DataFrame]:
     """The transactions' lifecycle and the offset commits, from bronze alone."""
-    half, op, real, offset, _ = (frames[s].transform(up_to(as_of, TIME[s])) for s in TIME)
+    half, op, real, offset = (frames[s].transform(up_to(as_of, TIME[s])) for s in ("half", "op", "real", "offset"))
     life = facts(half, resolutions(half, resolved_offsets(op)), real).transform(lifecycle(as_of, rules))
     return life, offset_commits(offset)
 
