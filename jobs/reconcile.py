@@ -110,8 +110,9 @@ WHOLE_TYPES = ("OFFSET_REGRESSION", *GROUP_TYPES, *TOPOLOGY_TYPES)
 OUTPUTS = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES, DELIVERIES, DELIVERY_COUNTS)
 # Bronze history entries that only add rows (or move them without changing data).
 APPEND_ONLY = {"WRITE": "Append", "OPTIMIZE": None, "CREATE TABLE": None, "SET TBLPROPERTIES": None}
-# Output history entries that leave every row as it was: a compaction lays the same rows out in fewer files.
-REARRANGING = {"OPTIMIZE"}
+# Output history entries that leave every row as it was: a compaction lays the same rows out in fewer files, and
+# an operator's change of a table property (a retention, say) changes no row at all.
+REARRANGING = {"OPTIMIZE", "SET TBLPROPERTIES", "UNSET TBLPROPERTIES"}
 # Recomputing a part costs about as much as the whole once it is a quarter of a large table; the
 # part's keys are also broadcast to every task, which a million of them still fits.
 FULL_ABOVE_SHARE, FULL_ABOVE_KEYS = 0.25, 1_000_000
@@ -257,9 +258,10 @@ def ensure_outputs(spark: SparkSession, config: Config) -> str | None:
             log.warning("  %s has other columns than this version writes; rebuilding it", table)
             spark.sql(f"DROP TABLE {table}")
             reason = f"{schema.name} was rebuilt with new columns"
-        # Deletion vectors let a merge mark changed rows instead of rewriting every file holding one; the
-        # change feed lets the quality suites validate what a merge changed.
-        properties = {"delta.enableDeletionVectors": "true", "delta.enableChangeDataFeed": "true"}
+        # The change feed lets the quality suites validate what a merge changed. No deletion vectors: a merge
+        # rewrites the files it touches (conf/base.yaml says why), and a scan of a table that may hold them
+        # costs a job of its own to look for them.
+        properties = {"delta.enableChangeDataFeed": "true"}
         stats = LIFECYCLE_STATS_COLUMNS if schema is TXN_LIFECYCLE else ()
         create_table(spark, config, schema, properties=properties, stats_columns=stats)
     if RECONCILE_RUNS.name in existing:
@@ -333,7 +335,7 @@ def why_full(
     for schema in OUTPUTS:
         table = config.table(schema.name)
         version, recorded = table_version(spark, table), last[f"{schema.name}_version"]
-        # Compacted since (OPTIMIZE, e.g. by an operator's weekly job) is as the last run left it.
+        # Compacted since (OPTIMIZE, e.g. by an operator's weekly job) or given a property is as the last run left it.
         compacted = version > recorded and all(h["operation"] in REARRANGING for h in _history(spark, table, recorded))
         if version != recorded and not compacted:
             return f"{schema.name} is at version {version}, the last run left it at {recorded}"
