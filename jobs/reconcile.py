@@ -440,8 +440,9 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
     def silver() -> Written:
         _replace(config, OFFSET_COMMITS, commits_df)
         _progress("offset_commits written")
-        # Files by birth time: new events touch recent transactions, so a later merge skips the older files.
-        _replace(config, TXN_LIFECYCLE, life.repartitionByRange("born_ts"))
+        # Files by birth time (sorted, so each file holds a stretch of it): new events touch recent transactions,
+        # so a later merge skips the older files and rewrites a few recent ones.
+        _replace(config, TXN_LIFECYCLE, life.orderBy("born_ts"))
         _progress("txn_lifecycle written")
         transactions, queues = life.count(), commits_df.select(*OFFSET_KEY).distinct().count()
         return Written("full", reason, transactions, queues, wants_json(wanted(snapshots, commits_df)))
@@ -562,9 +563,10 @@ def incremental(
 
 
 def _replace_deliveries(config: Config, df: DataFrame) -> None:
-    """Deliveries written whole, in files by store time: the rows a later run changes are recent as a rule,
-    so its merge (bounded by store time) skips the rest. Their counts are then counted whole too."""
-    _replace(config, DELIVERIES, df.repartitionByRange("store_timestamp"))
+    """Deliveries written whole, in files by store time (sorted): the rows a later run changes are recent as a
+    rule, so its merge (bounded by store time) skips the rest and rewrites the few files holding them. Their
+    counts are then counted whole too."""
+    _replace(config, DELIVERIES, df.orderBy("store_timestamp"))
     _replace(config, DELIVERY_COUNTS, counted(df.sparkSession.table(config.table(DELIVERIES.name))))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 from collections.abc import Iterator
@@ -58,6 +59,13 @@ def _rows(spark: SparkSession, df: Any, names: tuple[str, ...]) -> list[tuple[An
     return sorted((tuple(r) for r in df.select(*names).collect()), key=repr)
 
 
+def _files(spark: SparkSession, table: str, column: str) -> list[Any]:
+    """Per file of `table`: its rows and the least and greatest `column`, ordered by the least."""
+    per_file = spark.table(table).groupBy(F.input_file_name())
+    stats = per_file.agg(F.count(F.lit(1)).alias("n"), F.min(column).alias("first"), F.max(column).alias("last"))
+    return stats.orderBy(F.col("first").asc_nulls_first()).collect()
+
+
 def _as_found(rows: list[Any], before: dict[str, tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
     """A full recompute's findings with the as_of the merge leaves them: a finding found again as it was
     (`before`, by anomaly_id) keeps the as_of of the run that found it so, unless that run was later."""
@@ -73,11 +81,13 @@ def _as_found(rows: list[Any], before: dict[str, tuple[Any, ...]]) -> dict[str, 
 
 @pytest.fixture
 def small_files(spark: SparkSession) -> Iterator[None]:
-    """Files of a few rows each, so that every output has several for an OPTIMIZE to compact (a merge rewrites
-    the files it touches, which in a table this small can leave one)."""
-    spark.conf.set("spark.sql.files.maxRecordsPerFile", "25")
+    """Files of a few rows each, so that every output has several: for the full run's layout to show, and for an
+    OPTIMIZE to compact (a merge rewrites the files it touches, which in a table this small can leave one)."""
+    key = "spark.sql.files.maxRecordsPerFile"
+    before = spark.conf.get(key) or "0"  # 0: no limit, Spark's own default
+    spark.conf.set(key, "25")
     yield
-    spark.conf.unset("spark.sql.files.maxRecordsPerFile")
+    spark.conf.set(key, before)
 
 
 @pytest.mark.usefixtures("small_files")
@@ -110,6 +120,12 @@ def test_incremental_runs_equal_a_full_recompute_on_chaos(spark: SparkSession, c
             got = _rows(spark, spark.table(cfg.table(schema.name)), schema.names)
             want = _rows(spark, expected[schema.name], schema.names)
             assert got == want, (step, schema.name, sorted(set(got) ^ set(want), key=repr)[:5])
+        if step == 1:  # written whole in files of at most 25 rows (small_files), each a stretch of the order
+            for schema, column in ((TXN_LIFECYCLE, "born_ts"), (DELIVERIES, "store_timestamp")):
+                files = _files(spark, cfg.table(schema.name), column)
+                assert len(files) > 2 and all(f["n"] <= 25 for f in files), (schema.name, files)
+                ordered = [f for f in files if f["first"] is not None]  # a lifecycle without halves: no born_ts
+                assert all(a["last"] <= b["first"] for a, b in itertools.pairwise(ordered)), (schema.name, files)
         if step == 2:  # an operator compacts the outputs and sets a retention: step 3 builds on them all the same
             before = {s.name: version(spark, cfg, s.name) for s in outputs}
             for schema in outputs:
