@@ -18,7 +18,7 @@ from jobs.config import Config
 from jobs.reconcile import TIME, born_since, full_view, read_bronze, reconcile, rules_from
 from schemas.reconciled import ANOMALIES, DELIVERIES, DELIVERY_COUNTS, OFFSET_COMMITS, TXN_LIFECYCLE
 from schemas.spark import to_struct
-from tests.test_ingest import fresh_db, ingest, make_landing, version
+from tests.test_ingest import files_of, fresh_db, ingest, make_landing, version
 from transforms.frames import kept
 
 pytestmark = pytest.mark.spark
@@ -57,13 +57,6 @@ def _counts(deliveries: list[Any]) -> list[tuple[Any, ...]]:
 
 def _rows(spark: SparkSession, df: Any, names: tuple[str, ...]) -> list[tuple[Any, ...]]:
     return sorted((tuple(r) for r in df.select(*names).collect()), key=repr)
-
-
-def _files(spark: SparkSession, table: str, column: str) -> list[Any]:
-    """Per file of `table`: its rows and the least and greatest `column`, ordered by the least."""
-    per_file = spark.table(table).groupBy(F.input_file_name())
-    stats = per_file.agg(F.count(F.lit(1)).alias("n"), F.min(column).alias("first"), F.max(column).alias("last"))
-    return stats.orderBy(F.col("first").asc_nulls_first()).collect()
 
 
 def _as_found(rows: list[Any], before: dict[str, tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
@@ -122,7 +115,7 @@ def test_incremental_runs_equal_a_full_recompute_on_chaos(spark: SparkSession, c
             assert got == want, (step, schema.name, sorted(set(got) ^ set(want), key=repr)[:5])
         if step == 1:  # written whole in files of at most 25 rows (small_files), each a stretch of the order
             for schema, column in ((TXN_LIFECYCLE, "born_ts"), (DELIVERIES, "store_timestamp")):
-                files = _files(spark, cfg.table(schema.name), column)
+                files = files_of(spark, cfg.table(schema.name), column)
                 assert len(files) > 2 and all(f["n"] <= 25 for f in files), (schema.name, files)
                 ordered = [f for f in files if f["first"] is not None]  # a lifecycle without halves: no born_ts
                 assert all(a["last"] <= b["first"] for a, b in itertools.pairwise(ordered)), (schema.name, files)

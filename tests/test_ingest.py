@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
 import jobs.ingest as ingest_job
@@ -80,6 +80,14 @@ def version(spark: SparkSession, cfg: Config, table: str) -> int:
     return int(spark.sql(f"DESCRIBE HISTORY {cfg.table(table)}").agg(F.max("version")).collect()[0][0])
 
 
+def files_of(spark: SparkSession, table: str, column: str | Column) -> list[Any]:
+    """Per file of `table`: its rows ("n") and the least and greatest `column` ("first", "last"), ordered by
+    the least (a file whose `column` is null throughout first)."""
+    per_file = spark.table(table).groupBy(F.input_file_name())
+    stats = per_file.agg(F.count(F.lit(1)).alias("n"), F.min(column).alias("first"), F.max(column).alias("last"))
+    return stats.orderBy(F.col("first").asc_nulls_first()).collect()
+
+
 def test_end_to_end_incremental_and_idempotent(
     spark: SparkSession, config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -95,12 +103,7 @@ def test_end_to_end_incremental_and_idempotent(
         assert rows(spark, cfg, stream) == landed(landing / stream)
     # A batch (here one landing file, one task) is written in files of at most FILE_ROWS rows that do not
     # overlap in (broker, store time): a lookup of a stretch of time reads the files that hold it.
-    where = F.struct("broker_name", "store_timestamp")
-    files = (
-        spark.table(cfg.table("real_events")).groupBy(F.input_file_name())
-        .agg(F.count(F.lit(1)).alias("n"), F.min(where).alias("first"), F.max(where).alias("last"))
-        .orderBy("first").collect()
-    )  # fmt: skip
+    files = files_of(spark, cfg.table("real_events"), F.struct("broker_name", "store_timestamp"))
     assert meta["files"]["real"] == 1 and len(files) == -(-meta["records"]["real"] // 40) > 1
     assert all(f["n"] <= 40 for f in files) and all(a["last"] <= b["first"] for a, b in itertools.pairwise(files))
     bronze = spark.table(cfg.table("half_events"))
