@@ -25,8 +25,10 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from delta.tables import DeltaTable
 from py4j.protocol import Py4JJavaError
@@ -67,7 +69,7 @@ from schemas.spark import to_struct
 from transforms.anomalies import OFFSET_KEY, offset_commits, offset_regressions, transaction_anomalies
 from transforms.consumers import GROUP_TYPES, Refusals, group_anomalies, refusals
 from transforms.deliveries import change_sign, changing, counted, deliveries, wanted
-from transforms.frames import differing, kept, kept_with_ranges, ranges, row_count, union_all, within
+from transforms.frames import change_counts, differing, kept, kept_with_ranges, ranges, row_count, union_all, within
 from transforms.lifecycle import (
     DISCARD_TOPIC,
     ID,
@@ -108,6 +110,8 @@ SNAPSHOT_TIME = EVENT_TIME["consumer"]
 # Anomaly types every run recomputes whole, whatever changed.
 WHOLE_TYPES = ("OFFSET_REGRESSION", *GROUP_TYPES, *TOPOLOGY_TYPES)
 OUTPUTS = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES, DELIVERIES, DELIVERY_COUNTS)
+# An offset commit as landed: its queue's previous commit, the rest of its row, follows from the others.
+COMMIT_KEY = list(OFFSET_COMMITS.names[:8])
 # Bronze history entries that only add rows (or move them without changing data).
 APPEND_ONLY = {"WRITE": "Append", "OPTIMIZE": None, "CREATE TABLE": None, "SET TBLPROPERTIES": None}
 # Output history entries that leave every row as it was: a compaction lays the same rows out in fewer files, and
@@ -513,11 +517,11 @@ def incremental(
         # message's goes with its key): Delta skips the other files, written in store time order.
         candidates = within(stored, bounds)
         changed, seen = kept(differing(recomputed.select(*DELIVERIES.names), candidates, DELIVERIES.key),
-                             F.min("store_timestamp").alias("earliest"), row_count())  # fmt: skip
+                             *change_counts("store_timestamp"))  # fmt: skip
         if (earliest := seen["earliest"]) is not None:
-            _merge(spark, config, DELIVERIES, changed, list(DELIVERIES.key), f"t.store_timestamp >= {earliest}")
+            upsert(spark, config, DELIVERIES, changed, list(DELIVERIES.key), seen, _since("store_timestamp"))
             _count_changes(spark, config, last["deliveries_version"], earliest)
-        _progress("deliveries merged: %d rows changed", seen["rows"])
+        _progress("deliveries merged: %d rows changed, %d added", seen["updated"], seen["added"])
 
     # The two parts run side by side, the queues' in a thread of its own, so that the jobs of one share the cores
     # while the driver plans the other's (most of a small job is the driver's): the transactions' scope, lifecycle
@@ -543,8 +547,10 @@ def incremental(
         half_k, real_k = (kept(df.join(F.broadcast(keys), on=ID, how="left_semi"))[0] for df in (half, real))
         life, seen = kept(facts_of(keys, half_k, op, real_k).transform(lifecycle(as_of, rules)),
                           F.min("born_ts").alias("born"))  # fmt: skip
-        _merge(spark, config, TXN_LIFECYCLE, life, ID, born_since(seen["born"]))
-        _progress("txn_lifecycle merged")
+        stored = current.alias("t").where(born_since(seen["born"]))
+        changed, counts = kept(differing(life.select(*TXN_LIFECYCLE.names), stored, ID), *change_counts("born_ts"))
+        upsert(spark, config, TXN_LIFECYCLE, changed, ID, counts, born_since)
+        _progress("txn_lifecycle merged: %d rows changed, %d added", counts["updated"], counts["added"])
         q = queue_part.result()
         found = [transaction_anomalies(life, as_of, rules, trace), q.whole,
                  cluster_anomalies(bronze.frames, as_of, rules)]  # fmt: skip
@@ -556,8 +562,11 @@ def incremental(
             found.append(consumption(trace, real, spark.table(config.table(DELIVERIES.name)), q.whole, as_of))
         merge_anomalies(spark, config, union_all(found), scope=keys)
         _progress("anomalies merged")
-        _merge(spark, config, OFFSET_COMMITS, q.commits, list(OFFSET_COMMITS.names[:8]))
-        _progress("offset_commits merged")
+        commits, counts = kept(differing(q.commits.select(*OFFSET_COMMITS.names),
+                                         q.commits_then.select(*OFFSET_COMMITS.names), COMMIT_KEY),
+                               *change_counts("commit_timestamp"))  # fmt: skip
+        upsert(spark, config, OFFSET_COMMITS, commits, COMMIT_KEY, counts, _since("commit_timestamp"))
+        _progress("offset_commits merged: %d rows changed, %d added", counts["updated"], counts["added"])
         delivered.result()
     return Written("incremental", None, n_keys, q.queues, q.wants)
 
@@ -640,19 +649,29 @@ def _changed(names: tuple[str, ...] | list[str]) -> str:
     return " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in names)
 
 
-def _merge(
-    spark: SparkSession, config: Config, schema: Schema, df: DataFrame, key: list[str], within: str = "TRUE"
-) -> None:
-    """Upsert recomputed rows by key; rows of a transaction or queue never disappear as as_of grows. `within`
-    bounds the stored rows any of them can match."""
-    on = " AND ".join([f"t.{c} <=> s.{c}" for c in key] + [f"({within})"])
-    (
-        DeltaTable.forName(spark, config.table(schema.name)).alias("t")
-        .merge(df.select(*schema.names).alias("s"), on)
-        .whenMatchedUpdateAll(condition=_changed([c for c in schema.names if c not in key]))
-        .whenNotMatchedInsertAll()
-        .execute()
-    )  # fmt: skip
+def upsert(
+    spark: SparkSession, config: Config, schema: Schema, changes: DataFrame, key: list[str], seen: dict[str, Any],
+    within: Callable[[Any], str],
+) -> None:  # fmt: skip
+    """Write the recomputed rows that differ from the stored ones (`differing`, counted by `change_counts` into
+    `seen`); rows of a transaction or queue never disappear as as_of grows. A row with a stored key updates
+    that row where it lies, by a merge that reaches only the stored rows `within(seen["earliest_updated"])`
+    names; the new rows are appended, in files of their own. Two commits, not one: a merge that
+    also inserts shuffles the rows of every file it rewrites together with the new ones, so each file it
+    writes spans all their range and holds recent rows, and every later merge rewrote them all again, a
+    cycle's new rows more each time."""
+    table = config.table(schema.name)
+    if seen["updated"]:
+        on = " AND ".join([f"t.{c} <=> s.{c}" for c in key] + [f"({within(seen['earliest_updated'])})"])
+        updated = changes.where(~F.col("_new")).select(*schema.names).alias("s")
+        DeltaTable.forName(spark, table).alias("t").merge(updated, on).whenMatchedUpdateAll().execute()
+    if seen["added"]:
+        changes.where(F.col("_new")).select(*schema.names).write.insertInto(table)
+
+
+def _since(column: str) -> Callable[[Any], str]:
+    """`upsert`'s `within` for a key holding `column`: stored rows from the least recomputed value on."""
+    return lambda least: f"t.{column} >= {least}"
 
 
 def merge_anomalies(spark: SparkSession, config: Config, found: DataFrame, scope: DataFrame | None = None) -> None:

@@ -5,7 +5,7 @@ incrementally, checks quality on what changed and redraws the dashboard, then ap
 `serve_cycles`; every `serve.compact_every_cycles` cycles it also joins the tables' small files. A cycle that
 ingests nothing skips the rest but a compaction: nothing it would compute has changed. A step
 that fails is one log line and a failed cycle; the next cycle tries again. Every step commits whole (a
-landing file renamed into place, a Delta commit per table), so SIGTERM and SIGINT, taken between steps,
+landing file renamed into place, a Delta commit or two per table), so SIGTERM and SIGINT, taken between steps,
 leave nothing half-written, and a restart after kill -9 goes on from what was committed. When the engine
 itself fails (the JVM gone), the process ends with exit code 1 for its service manager to restart it.
 

@@ -11,15 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from jobs.catalog import create_table
 from jobs.config import Config
-from jobs.reconcile import TIME, born_since, full_view, read_bronze, reconcile, rules_from
+from jobs.reconcile import TIME, born_since, full_view, read_bronze, reconcile, rules_from, upsert
 from schemas.reconciled import ANOMALIES, DELIVERIES, DELIVERY_COUNTS, OFFSET_COMMITS, TXN_LIFECYCLE
 from schemas.spark import to_struct
 from tests.test_ingest import files_of, fresh_db, ingest, make_landing, version
-from transforms.frames import kept
+from transforms.frames import change_counts, differing, kept
 
 pytestmark = pytest.mark.spark
 STREAMS = ("half", "op", "real", "offset")
@@ -161,3 +162,38 @@ def test_a_lifecycle_merge_only_reaches_transactions_born_since_the_earliest_rec
     assert born_since(earliest) == "t.born_ts IS NULL OR t.born_ts >= 3"
     none = kept(life.where("born_ts IS NULL"), F.min("born_ts").alias("born"))[1]["born"]
     assert born_since(none) == "t.born_ts IS NULL"  # no half seen: only such rows
+
+
+@pytest.mark.usefixtures("small_files")
+def test_an_upsert_rewrites_only_the_files_holding_rows_it_changes(spark: SparkSession, config: Config) -> None:
+    """Stored rows are updated where they lie and new ones go to files of their own, so that the next upsert,
+    which changes some of those new rows, leaves every older file as it was (a merge that also inserts wrote the
+    rows of the files it rewrote and the new ones mixed, and each later one rewrote them all again). Offset
+    commits in order of time, keyed by an offset out of that order, as a merge's join would order them."""
+    cfg = fresh_db(spark, config, "t_upsert")
+    table = create_table(spark, cfg, OFFSET_COMMITS)
+    key = list(OFFSET_COMMITS.names[:8])
+
+    def commits(times: range, prev: int | None = None) -> DataFrame:
+        marks = [t - 1 if prev is None else prev for t in times]  # prev_offset: which upsert wrote the row
+        rows = [("b", "g", "t", 0, t * 919 % 1000, t, "c", t, m, "c", False) for t, m in zip(times, marks, strict=True)]
+        return spark.createDataFrame(rows, to_struct(OFFSET_COMMITS))
+
+    def files_before(ts: int) -> set[str]:
+        return {f[0] for f in files_of(spark, table, "commit_timestamp") if f["first"] < ts}
+
+    def write(recomputed: DataFrame) -> dict[str, Any]:  # as reconcile writes offset_commits
+        changed, counts = kept(differing(recomputed, spark.table(table), key), *change_counts("commit_timestamp"))
+        upsert(spark, cfg, OFFSET_COMMITS, changed, key, counts, lambda least: f"t.commit_timestamp >= {least}")
+        return counts
+
+    commits(range(100)).orderBy("commit_timestamp").write.insertInto(table)  # 4 files of 25 (small_files)
+    untouched = files_before(75)
+    counts = write(commits(range(98, 99)).union(commits(range(99, 110), prev=-1)))  # 98 as it was, 99 changes
+    assert (counts["updated"], counts["added"], counts["earliest_updated"]) == (1, 10, 99)
+    assert files_before(75) == untouched and len(untouched) == 3
+    old = files_before(100)
+    write(commits(range(105, 106), prev=-2))  # one of the new rows changes
+    assert files_before(100) == old
+    got = {r["commit_timestamp"]: r["prev_offset"] for r in spark.table(table).collect()}
+    assert got == {t: -2 if t == 105 else -1 if t >= 99 else t - 1 for t in range(110)}

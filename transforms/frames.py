@@ -14,12 +14,32 @@ def union_all(frames: list[DataFrame]) -> DataFrame:
 
 
 def differing(recomputed: DataFrame, stored: DataFrame, key: Sequence[str]) -> DataFrame:
-    """The recomputed rows no stored row equals (nulls equal), compared with the stored rows sharing their
-    keys only: a merge of those alone reads and rewrites less, and most recomputed rows are as they were."""
-    names = recomputed.columns
-    same = stored.join(F.broadcast(recomputed.select(*key)), on=list(key), how="left_semi").select(*names)
-    equal = [F.col(f"r.{c}").eqNullSafe(F.col(f"s.{c}")) for c in names]
-    return recomputed.alias("r").join(same.alias("s"), on=functools.reduce(lambda a, b: a & b, equal), how="left_anti")
+    """The recomputed rows no stored row equals, each with `_new`: whether no stored row has its key (nulls
+    equal throughout). Compared with the stored rows sharing their keys only, in one pass: a write of those
+    alone reads and rewrites less, and most recomputed rows are as they were."""
+    names, values = recomputed.columns, [c for c in recomputed.columns if c not in key]
+    keys = F.broadcast(recomputed.select(*key)).alias("k")
+    same = stored.alias("s").join(keys, on=_all_equal("s", "k", key), how="left_semi")
+    pairs = recomputed.alias("r").join(same.select(*names, F.lit(True).alias("_stored")).alias("s"),
+                                       on=_all_equal("r", "s", key), how="left")  # fmt: skip
+    new = F.col("s._stored").isNull()
+    return pairs.where(new | ~_all_equal("r", "s", values)).select(*[F.col(f"r.{c}") for c in names], new.alias("_new"))
+
+
+def change_counts(column: str) -> list[Column]:
+    """Metrics for `kept` of `differing` rows: how many are new ("added") and how many change a stored row
+    ("updated"), and the least `column` of those ("earliest_updated") and of all ("earliest")."""
+    new = F.col("_new")
+    return [
+        F.count_if(new).alias("added"), F.count_if(~new).alias("updated"),
+        F.min(F.when(~new, F.col(column))).alias("earliest_updated"), F.min(column).alias("earliest"),
+    ]  # fmt: skip
+
+
+def _all_equal(left: str, right: str, columns: Sequence[str]) -> Column:
+    """Every one of `columns` equal between the aliased frames `left` and `right`, nulls equal."""
+    equal = [F.col(f"{left}.{c}").eqNullSafe(F.col(f"{right}.{c}")) for c in columns]
+    return functools.reduce(lambda a, b: a & b, equal, F.lit(True))
 
 
 def ranges(df: DataFrame, columns: Sequence[str]) -> dict[str, tuple[Any, Any]]:
