@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 
 from jobs.catalog import create_table
 from jobs.config import Config
-from jobs.reconcile import TIME, born_since, full_view, read_bronze, reconcile, rules_from, upsert
+from jobs.reconcile import COMMIT_KEY, TIME, born_since, full_view, read_bronze, reconcile, rules_from, upsert
 from schemas.reconciled import ANOMALIES, DELIVERIES, DELIVERY_COUNTS, OFFSET_COMMITS, TXN_LIFECYCLE
 from schemas.spark import to_struct
 from tests.test_ingest import files_of, fresh_db, ingest, make_landing, version
@@ -172,7 +172,6 @@ def test_an_upsert_rewrites_only_the_files_holding_rows_it_changes(spark: SparkS
     commits in order of time, keyed by an offset out of that order, as a merge's join would order them."""
     cfg = fresh_db(spark, config, "t_upsert")
     table = create_table(spark, cfg, OFFSET_COMMITS)
-    key = list(OFFSET_COMMITS.names[:8])
 
     def commits(times: range, prev: int | None = None) -> DataFrame:
         marks = [t - 1 if prev is None else prev for t in times]  # prev_offset: which upsert wrote the row
@@ -183,8 +182,9 @@ def test_an_upsert_rewrites_only_the_files_holding_rows_it_changes(spark: SparkS
         return {f[0] for f in files_of(spark, table, "commit_timestamp") if f["first"] < ts}
 
     def write(recomputed: DataFrame) -> dict[str, Any]:  # as reconcile writes offset_commits
-        changed, counts = kept(differing(recomputed, spark.table(table), key), *change_counts("commit_timestamp"))
-        upsert(spark, cfg, OFFSET_COMMITS, changed, key, counts, lambda least: f"t.commit_timestamp >= {least}")
+        changes = differing(recomputed, spark.table(table), COMMIT_KEY)
+        changed, counts = kept(changes, *change_counts("commit_timestamp"))
+        upsert(spark, cfg, OFFSET_COMMITS, changed, COMMIT_KEY, counts, lambda least: f"t.commit_timestamp >= {least}")
         return counts
 
     commits(range(100)).orderBy("commit_timestamp").write.insertInto(table)  # 4 files of 25 (small_files)
