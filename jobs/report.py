@@ -112,16 +112,16 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     # The latest run first: its as_of is the data time of every table here.
     reconcile_runs = _reconcile_runs(t.get("reconcile_runs"))
     as_of = reconcile_runs[0]["as_of"] if reconcile_runs else None
-    # The states' chart and the op lag read the lifecycle three times: the columns they use are kept in memory.
-    # Not the keys and names, which only the findings' join reads, once: keeping a million transactions' keys in
-    # memory cost more than reading them for the join.
-    life = t["txn_lifecycle"].select(*LIFECYCLE_CHARTED).persist()
-    # Anomalies are few next to transactions: keep them, with their transaction's group and topic, in memory.
-    txn = t["txn_lifecycle"].select("broker_name", "uniq_key", "producer_group", "real_topic", "state")
-    keyed = t["anomalies"].join(txn, on=["broker_name", "uniq_key"], how="left").persist()
+    life = t["txn_lifecycle"].select(*LIFECYCLE_CHARTED)
+    # Anomalies are few next to transactions: keep them, with their transaction's group and topic, in memory. The
+    # lifecycle is first cut down to the transactions with a finding, streamed past their keys: joined whole, every
+    # transaction was shuffled to meet a few thousand findings.
+    key = ["broker_name", "uniq_key"]
+    named = t["anomalies"].where(F.col("uniq_key").isNotNull()).select(*key)
+    txn = t["txn_lifecycle"].select(*key, "producer_group", "real_topic", "state").join(named, on=key, how="left_semi")
+    keyed = t["anomalies"].join(txn, on=key, how="left").persist()
     try:
-        op_lag, lifecycle_figures, states_span = _op_lag(life, as_of)
-        states = _over_time(life, F.coalesce("first_copy_ts", "first_commit_ts"), "state", states_span)
+        op_lag, lifecycle_figures, states = _lifecycle_charts(life, as_of)
         anomalies_span, sums = _keyed_pass(keyed)
         anomalies = _over_time(keyed, F.col("event_ts"), "anomaly_type", anomalies_span)
         data: dict[str, Any] = {
@@ -144,7 +144,6 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
         data |= _brokers(spark, config, data["anomaly_counts"], listed)
     finally:
         keyed.unpersist()
-        life.unpersist()
     data["ingest_runs"] = _ingest_runs(t.get("ingest_runs"))
     data["reconcile_runs"] = reconcile_runs
     data["collect_runs"] = _collect_runs(t.get("collect_runs"))
@@ -530,13 +529,19 @@ def _no_times() -> dict[str, Any]:
     return {"bucket_ms": 1000, "counts": []}
 
 
-def _op_lag(life: DataFrame, as_of: int | None) -> tuple[dict[str, Any], dict[str, Any], Span]:
-    """Op lag per time bucket of the commit: how long after a transaction's first final message the op
-    resolving it was stored, the largest per bucket. A lag past the check timeout lets the check service
-    reach committed transactions: the early warning of RECHECKED_AFTER_RESOLUTION and duplicate commits.
-    Beside it, from the same pass over the lifecycle, what the metrics show of it: the lag's quantiles in
-    seconds ("0.5", "0.99", "1") and the transactions pending at `as_of` at least each of PENDING_AGES old;
-    and the span of the states' chart (first copy, else first commit)."""
+def _lifecycle_charts(life: DataFrame, as_of: int | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The lifecycle's part of the dashboard, in two passes over its rows: the first finds the charts' spans and
+    the figures, the second fills both charts' buckets at once (grouping sets).
+
+    - The op lag per time bucket of the commit: how long after a transaction's first final message the op
+      resolving it was stored, the largest per bucket. A lag past the check timeout lets the check service reach
+      committed transactions: the early warning of RECHECKED_AFTER_RESOLUTION and duplicate commits.
+    - What the metrics show of it: the lag's quantiles in seconds ("0.5", "0.99", "1"), and the transactions
+      pending at `as_of` at least each of PENDING_AGES old.
+    - The states over time, by first copy, else first commit.
+
+    Kept in memory for three passes instead, a million transactions took a second longer to keep than the
+    third pass took to read them."""
     lag = F.col("resolved_ts") - F.col("first_commit_ts")
     shown = F.when(lag >= 0, F.col("first_commit_ts"))
     old = [F.count_if((F.col("state") == "PENDING") & (F.lit(as_of) - F.col("born_ts") >= ms)).alias(label)
@@ -550,18 +555,35 @@ def _op_lag(life: DataFrame, as_of: int | None) -> tuple[dict[str, Any], dict[st
         "op_lag_seconds": {} if most is None else {"0.5": quantiles[0], "0.99": quantiles[1], "1": most},
         "pending": dict(zip(PENDING_AGES, pending, strict=True)) if as_of is not None else {},
     }
-    if first is None:
-        return {"bucket_ms": 1000, "rows": []}, figures, (seen_first, seen_last)
-    width = bucket_ms(first, last)
+    lags: dict[str, Any] = {"bucket_ms": 1000, "rows": []}
+    states = _no_times()
+    if first is None and seen_first is None:
+        return lags, figures, states
+
+    def bucket(ts: Column, span: Span) -> tuple[int, Column]:  # its width, and the bucket of ts (no span: none)
+        if span[0] is None:
+            return 1000, F.lit(None).cast("long")
+        width = bucket_ms(*span)
+        return width, F.floor(ts / width) * width
+
+    lag_width, lag_bucket = bucket(F.col("first_commit_ts"), (first, last))
+    seen_width, seen_bucket = bucket(seen, (seen_first, seen_last))
+    sets = ["lag_bucket"], ["seen_bucket", "state"]
     rows = (
-        life.where(lag >= 0)
-        .groupBy((F.floor(F.col("first_commit_ts") / width) * width).alias("bucket"))
-        .agg(F.max(lag).alias("max_ms"))
+        life.select(F.when(lag >= 0, lag_bucket).alias("lag_bucket"), F.when(lag >= 0, lag).alias("lag"),
+                    seen_bucket.alias("seen_bucket"), "state")
+        .groupingSets(sets, "lag_bucket", "seen_bucket", "state")
+        .agg(F.max("lag").alias("max_ms"), F.count(F.lit(1)).alias("n"), F.grouping_id().alias("set"))
         .collect()
-    )
-    # Ordered here: a bucket per row, and ordering them in Spark cost a job of its own.
-    lags = {"bucket_ms": width, "rows": sorted((int(r["bucket"]), int(r["max_ms"])) for r in rows)}
-    return lags, figures, (seen_first, seen_last)
+    )  # fmt: skip
+    # grouping_id sets a bit per column left out of a row's set: 0b011 for the lag's buckets, 0b100 for the states'.
+    by_lag = [r for r in rows if r["set"] == 0b011 and r["lag_bucket"] is not None]
+    by_state = [r for r in rows if r["set"] == 0b100 and r["seen_bucket"] is not None]
+    if first is not None:  # ordered here: a bucket per row, and ordering them in Spark cost a job of its own
+        lags = {"bucket_ms": lag_width, "rows": sorted((int(r["lag_bucket"]), int(r["max_ms"])) for r in by_lag)}
+    if seen_first is not None:
+        states = {"bucket_ms": seen_width, "counts": [(int(r["seen_bucket"]), r["state"], r["n"]) for r in by_state]}
+    return lags, figures, states
 
 
 def _age_bins(stuck: DataFrame) -> list[tuple[str, int]]:

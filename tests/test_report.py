@@ -91,3 +91,45 @@ def test_every_table_of_findings_keeps_its_own_order_and_limit(
     assert [(r["anomaly_id"], r["from_offset"]) for r in listed["regressions"]] == [
         ("r3", "7"), ("r2", "8"), ("r1", "9")]  # fmt: skip
     assert all(rows == [] for name, rows in listed.items() if name not in ("stuck_oldest", "discarded", "regressions"))
+
+
+LIFE = "state string, born_ts long, first_copy_ts long, first_commit_ts long, resolved_ts long"
+AS_OF = 1_000_000
+Life = tuple[str, int, int | None, int | None, int | None]  # a row of LIFE
+
+
+def states_by_bucket(rows: list[Life]) -> dict[str, object]:
+    """The states' chart of lifecycle `rows` (LIFE): by first copy, else first commit."""
+    seen = [(copy if copy is not None else commit, state) for state, _, copy, commit, _ in rows]
+    times = [t for t, _ in seen if t is not None]
+    width = bucket_ms(min(times), max(times))
+    counts = Counter((t // width * width, state) for t, state in seen if t is not None)
+    return {"bucket_ms": width, "counts": sorted((b, s, n) for (b, s), n in counts.items())}
+
+
+def test_the_lifecycle_charts_count_states_and_the_largest_op_lag_per_bucket(spark: SparkSession) -> None:
+    rows: list[Life] = [
+        ("COMMITTED", 0, 100_000, 120_000, 160_000),  # an op 40 s after the commit
+        ("COMMITTED", 0, None, 300_000, 840_000),  # no copy: charted by its commit
+        ("COMMITTED", 0, 400_000, 410_000, 400_000),  # its op stored before its commit: no lag shown
+        ("ROLLED_BACK", 0, 250_000, None, 270_000),
+        ("PENDING", 10_000, 900_000, None, None),  # pending 990 s at AS_OF
+        ("PENDING", 950_000, None, None, None),  # pending 50 s, and nothing to chart it by
+    ]
+    lags, figures, states = report._lifecycle_charts(spark.createDataFrame(rows, LIFE), AS_OF)
+    shown = [(c, r - c) for _, _, _, c, r in rows if c is not None and r is not None and r >= c]
+    width = bucket_ms(min(c for c, _ in shown), max(c for c, _ in shown))
+    most: dict[int, int] = {}
+    for commit, lag in shown:
+        most[commit // width * width] = max(most.get(commit // width * width, 0), lag)
+    assert lags == {"bucket_ms": width, "rows": sorted(most.items())} and width > 1000
+    assert {**states, "counts": sorted(states["counts"])} == states_by_bucket(rows)
+    assert figures["pending"] == {"1m": 1, "10m": 1, "1h": 0, "1d": 0}
+    assert figures["op_lag_seconds"]["1"] == 540 and figures["op_lag_seconds"]["0.5"] == 40
+    # Copies and no op yet: states to chart, no lag; nothing at all: neither.
+    lags, _, states = report._lifecycle_charts(spark.createDataFrame(rows[3:], LIFE), AS_OF)
+    assert lags == {"bucket_ms": 1000, "rows": []}
+    assert {**states, "counts": sorted(states["counts"])} == states_by_bucket(rows[3:])
+    lags, figures, states = report._lifecycle_charts(spark.createDataFrame([], LIFE), AS_OF)
+    assert (lags, states) == ({"bucket_ms": 1000, "rows": []}, {"bucket_ms": 1000, "counts": []})
+    assert figures == {"op_lag_seconds": {}, "pending": {"1m": 0, "10m": 0, "1h": 0, "1d": 0}}
