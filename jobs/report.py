@@ -33,6 +33,7 @@ from jobs.session import build_session
 from schemas.quality import DELIVERY_STATUSES
 from transforms.consumers import holders, islands, snapshots, subscription_text
 from transforms.frames import kept_with_ranges, within
+from transforms.lifecycle import ID
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +117,9 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     # Anomalies are few next to transactions: keep them, with their transaction's group and topic, in memory. The
     # lifecycle is first cut down to the transactions with a finding, streamed past their keys: joined whole, every
     # transaction was shuffled to meet a few thousand findings.
-    key = ["broker_name", "uniq_key"]
-    named = t["anomalies"].where(F.col("uniq_key").isNotNull()).select(*key)
-    txn = t["txn_lifecycle"].select(*key, "producer_group", "real_topic", "state").join(named, on=key, how="left_semi")
-    keyed = t["anomalies"].join(txn, on=key, how="left").persist()
+    named = t["anomalies"].where(F.col("uniq_key").isNotNull()).select(*ID)
+    txn = t["txn_lifecycle"].select(*ID, "producer_group", "real_topic", "state").join(named, on=ID, how="left_semi")
+    keyed = t["anomalies"].join(txn, on=ID, how="left").persist()
     try:
         op_lag, lifecycle_figures, states = _lifecycle_charts(life, as_of)
         anomalies_span, sums = _keyed_pass(keyed)
@@ -555,10 +555,8 @@ def _lifecycle_charts(life: DataFrame, as_of: int | None) -> tuple[dict[str, Any
         "op_lag_seconds": {} if most is None else {"0.5": quantiles[0], "0.99": quantiles[1], "1": most},
         "pending": dict(zip(PENDING_AGES, pending, strict=True)) if as_of is not None else {},
     }
-    lags: dict[str, Any] = {"bucket_ms": 1000, "rows": []}
-    states = _no_times()
-    if first is None and seen_first is None:
-        return lags, figures, states
+    if first is None and seen_first is None:  # nothing to chart: no second pass
+        return {"bucket_ms": 1000, "rows": []}, figures, _no_times()
 
     def bucket(ts: Column, span: Span) -> tuple[int, Column]:  # its width, and the bucket of ts (no span: none)
         if span[0] is None:
@@ -579,10 +577,10 @@ def _lifecycle_charts(life: DataFrame, as_of: int | None) -> tuple[dict[str, Any
     # grouping_id sets a bit per column left out of a row's set: 0b011 for the lag's buckets, 0b100 for the states'.
     by_lag = [r for r in rows if r["set"] == 0b011 and r["lag_bucket"] is not None]
     by_state = [r for r in rows if r["set"] == 0b100 and r["seen_bucket"] is not None]
-    if first is not None:  # ordered here: a bucket per row, and ordering them in Spark cost a job of its own
-        lags = {"bucket_ms": lag_width, "rows": sorted((int(r["lag_bucket"]), int(r["max_ms"])) for r in by_lag)}
-    if seen_first is not None:
-        states = {"bucket_ms": seen_width, "counts": [(int(r["seen_bucket"]), r["state"], r["n"]) for r in by_state]}
+    # A chart without a span has no rows, and the width 1000 of no times. Its buckets ordered here: a bucket per
+    # row, and ordering them in Spark cost a job of its own.
+    lags = {"bucket_ms": lag_width, "rows": sorted((int(r["lag_bucket"]), int(r["max_ms"])) for r in by_lag)}
+    states = {"bucket_ms": seen_width, "counts": [(int(r["seen_bucket"]), r["state"], r["n"]) for r in by_state]}
     return lags, figures, states
 
 
