@@ -42,7 +42,7 @@ from jobs.jars import local_jars
 from jobs.lock import folder_lock, warehouse_lock
 from jobs.running import address_file
 from jobs.runs import new_run_id
-from jobs.session import build_session, jobs_started
+from jobs.session import build_session, jobs_started, release_java_objects
 from jobs.signals import Stop, stop_on_signals
 from jobs.story import story
 from jobs.web import Health, Metrics, start_http
@@ -138,6 +138,10 @@ class Engine:
                 with contextlib.suppress(Exception):  # the JVM may be gone: the error says so
                     c.jobs[name] = jobs_started(self.spark) - jobs
         self.settle()
+        if not c.idle:
+            freeing = time.perf_counter()
+            release_java_objects()
+            c.seconds["gc"] = round(time.perf_counter() - freeing, 3)
         c.finished_at = dt.datetime.now(dt.UTC).replace(tzinfo=None)
         self.cycles += 1
         self.caught_up = c.status in ("ok", "idle")

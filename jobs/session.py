@@ -6,6 +6,7 @@ Derby metastore under the warehouse folder, so every job, notebook and spark-sql
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from pathlib import Path
@@ -95,3 +96,12 @@ def write_spark_defaults(config: Config, out_dir: Path) -> Path:
     (out_dir / "spark-defaults.conf").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (out_dir / "log4j2.properties").write_text((CONF_DIR / "log4j2.properties").read_text(), encoding="utf-8")
     return out_dir / "spark-defaults.conf"
+
+
+def release_java_objects() -> None:
+    """Let the JVM free what Python no longer names. Py4J's proxy of a JVM object and the proxies of its
+    methods refer to each other, so only Python's cyclic collector frees them, and until it does the JVM keeps
+    their objects: query plans, frames, checkpoints. In a long-running session Python's own schedule came every
+    few serve cycles, after the JVM's heap had filled and a cycle had spent half its time in the JVM's
+    collector (docs/benchmarks.md)."""
+    gc.collect()

@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from jobs.config import Config, load_config
-from jobs.session import build_session
+from jobs.session import build_session, release_java_objects
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_DEFAULTS = REPO / "tests" / "spark-conf" / "spark-defaults.conf"
@@ -82,3 +82,11 @@ def spark(config: Config) -> Iterator[SparkSession]:
     session = build_session(config)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_java_objects() -> Iterator[None]:
+    """After each test file, let the JVMs free what its Python side held (`jobs.session.release_java_objects`):
+    the worker's session lives through most of the suite, as serve's does through its cycles."""
+    yield
+    release_java_objects()

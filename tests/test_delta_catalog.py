@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -163,3 +165,21 @@ def test_a_view_is_replaced_only_when_its_query_changed(
     assert len(statements) == 1 and spark.table(view).columns == ["consumer_group"]
     ensure_view(spark, view, f"SELECT consumer_group, topic FROM {name}")
     assert len(statements) == 2 and spark.table(view).columns == ["consumer_group", "topic"]
+
+
+def test_the_proxies_py4j_keeps_in_cycles_are_released(spark: SparkSession) -> None:
+    """A proxy of a JVM object whose method was called refers to itself through that method's proxy: only
+    Python's cyclic collector frees it, and with it the JVM object, and `release_java_objects` runs it."""
+    from jobs.session import release_java_objects
+
+    gc.disable()  # so that nothing but the release frees the proxy
+    try:
+        jdf = spark.range(3)._jdf
+        assert jdf.count() == 3
+        proxy = weakref.ref(jdf)
+        del jdf
+        assert proxy() is not None, "no longer held in a cycle: the release is not needed"
+        release_java_objects()
+        assert proxy() is None
+    finally:
+        gc.enable()

@@ -196,6 +196,9 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
         "SELECT spark_jobs FROM txn_recon.serve_cycles WHERE status = 'ok' ORDER BY started_at")]  # fmt: skip
     assert printed and all(n > 0 for n in jobs) and set(printed) <= set(jobs), (printed, jobs)
     assert metric(restarted.get("/metrics")[1], "txn_recon_last_cycle_step_spark_jobs")
+    # After each cycle that did work, Python's reference cycles are collected: the JVM frees what they held.
+    worked = re.findall(r"cycle \d+ ok: .*", restarted.text())
+    assert worked and all(re.search(r", gc [\d.]+ s,", line) for line in worked), worked
     # Every second cycle (an idle one too) joins the small files that each cycle adds to the tables, such as
     # a row per stream in ingest_files; reconcile goes on incrementally all the same.
     assert re.search(r"ingest_files: \d+ small files joined into 1\n", restarted.text()), restarted.text()[-3000:]
