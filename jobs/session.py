@@ -102,6 +102,6 @@ def release_java_objects() -> None:
     """Let the JVM free what Python no longer names. Py4J's proxy of a JVM object and the proxies of its
     methods refer to each other, so only Python's cyclic collector frees them, and until it does the JVM keeps
     their objects: query plans, frames, checkpoints. In a long-running session Python's own schedule came every
-    few serve cycles, after the JVM's heap had filled and a cycle had spent half its time in the JVM's
+    few serve cycles, after the JVM's heap had filled and a cycle had spent half its time or more in the JVM's
     collector (docs/benchmarks.md)."""
     gc.collect()
