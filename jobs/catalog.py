@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from delta.tables import DeltaTable
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import Column, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -87,6 +87,31 @@ def table_identity(spark: SparkSession, table: str) -> tuple[str, int]:
     return str(snapshot.metadata().id()), int(snapshot.version())
 
 
+def latest_row(spark: SparkSession, table: str, order: str) -> Row | None:
+    """The row of a run table (one row appended per run) with the greatest `order`; None when it has none.
+    Without a Spark job when the table is as this process last read it or `appended` to it: a service reads
+    the latest reconcile and quality runs every cycle (some five jobs and half a second each), and it wrote
+    the latest itself."""
+    identity = table_identity(spark, table)
+    known = _LATEST.get(table)
+    if known is not None and known[0] == identity:
+        return known[1]
+    pinned = spark.sql(f"SELECT * FROM {table} VERSION AS OF {identity[1]}")
+    rows = pinned.orderBy(F.desc(order)).limit(1).collect()
+    _LATEST[table] = (identity, rows[0] if rows else None)
+    return rows[0] if rows else None
+
+
+def appended(spark: SparkSession, table: str, row: Row) -> None:
+    """Note `row` as the latest of `table`: the caller appended it with the table's latest commit, holding
+    the warehouse (no other writer)."""
+    _LATEST[table] = (table_identity(spark, table), row)
+
+
+# A run table -> (its id and version, its latest row then): a version's rows never change.
+_LATEST: dict[str, tuple[tuple[str, int], Row | None]] = {}
+
+
 def may_have_rows(spark: SparkSession, table: str, version: int | None = None) -> bool:
     """False when the Delta table holds no data file by the checksum of its version (the current one, or
     `version` when that is current), which Delta writes with some commits, a table's creation among them; True
@@ -110,12 +135,31 @@ def table_exists(spark: SparkSession, table: str) -> bool:
     return bool(_session_catalog(spark).tableExists(_identifier(spark, table)))
 
 
+def history(spark: SparkSession, table: str, since: int) -> list[dict[str, Any]]:
+    """The Delta table's commits after version `since`, latest first: version, operation and its parameters,
+    as DESCRIBE HISTORY gives them: read from its log, with one Spark job where that query runs two."""
+    log, metadata = _log(spark, table)
+    jvm: Any = spark._jvm
+    commits = log.history().getHistory(since + 1, jvm.scala.Option.empty(), jvm.scala.Option.apply(metadata))
+    as_java = jvm.scala.jdk.javaapi.CollectionConverters.asJava
+    return [
+        {"version": int(c.version().get()), "operation": c.operation(),
+         "operationParameters": dict(as_java(c.operationParameters()))}
+        for c in (commits.apply(i) for i in range(commits.size()))
+    ]  # fmt: skip
+
+
 def _snapshot(spark: SparkSession, table: str) -> Any:
-    # The log found from one metastore lookup: `DeltaTable.forName` makes some four (about 85 ms against 18).
-    metadata = _session_catalog(spark).getTableMetadata(_identifier(spark, table))
-    log = spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, metadata)  # type: ignore[union-attr]
+    log, _ = _log(spark, table)
     none = spark._jvm.scala.Option.empty()  # type: ignore[union-attr]
     return log.update(False, none, none)  # update(stalenessAcceptable, checkIfUpdatedSinceTs, table)
+
+
+def _log(spark: SparkSession, table: str) -> tuple[Any, Any]:
+    """The table's Delta log and catalog entry, found from one metastore lookup: `DeltaTable.forName` makes
+    some four (about 85 ms against 18)."""
+    metadata = _session_catalog(spark).getTableMetadata(_identifier(spark, table))
+    return spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, metadata), metadata  # type: ignore[union-attr]
 
 
 def _session_catalog(spark: SparkSession) -> Any:

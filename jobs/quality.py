@@ -14,24 +14,35 @@ reported only.
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime as dt
 import functools
+import itertools
 import json
 import logging
 import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.utils import AnalysisException
 
-from jobs.catalog import add_new_fields, create_table, table_exists, table_identity, table_version
+from jobs.catalog import (
+    add_new_fields,
+    appended,
+    create_table,
+    latest_row,
+    table_exists,
+    table_identity,
+    table_version,
+)
 from jobs.config import Config
 from jobs.errors import TxnReconError, first_line
 from jobs.ingest import new_run_id
@@ -94,6 +105,7 @@ REREAD = {BRONZE[stream].name for stream, _, _ in REFERENCES.values()} | {ANOMAL
 # without the Spark jobs GE runs per metric, which cost a second or more per suite on a batch of any size
 # (a serve cycle's batches are a few thousand rows). A larger one stays in Spark.
 DRIVER_ROWS = 200_000
+AHEAD = 3  # batches made and fetched ahead of the one validated: four of DRIVER_ROWS rows held at most
 KEPT_RESULTS = 30  # GE validation results kept per suite for Data Docs
 ENGINES = {"spark": "txn_recon", "pandas": "txn_recon_driver"}  # GE data source per engine
 # lifecycle_totals reads these tables (by their names in `_cross_batches`); the bronze ones by these times.
@@ -178,27 +190,32 @@ def check_quality(
         return _table_batch(spark, name, suite, previous, version)
 
     # Two threads throughout, so that the Spark jobs of one batch (most of a small job is the driver's) run
-    # while the other thread's wait or GE validates in the driver: at most two fetched batches are held.
+    # while the other thread's wait or GE validates in the driver. The table batches are made first; then they
+    # are fetched and the cross views made and fetched in a stream, at most AHEAD at a time, each validated
+    # in its turn as it arrives.
     with ThreadPoolExecutor(2, "quality") as pool:
         tables = [s for s in all_suites if s.layer != "cross"]
-        batches = []
+        changed = []
         for suite, made in zip(tables, pool.map(table_batch, tables), strict=True):
             if isinstance(made, str):
                 outcome.skipped.append((suite.name, made))
             else:
-                batches.append(made)
+                changed.append(made)
         cross = [s for s in all_suites if s.layer == "cross"]
-        if batches:
-            batches += _cross_batches(spark, config, cross, outcome, {b.suite.name: b for b in batches},
-                                      None if full else totals)  # fmt: skip
+        work: list[Batch | Callable[[], Batch]] = [*changed]
+        if changed:
+            work += _cross_batches(spark, config, cross, outcome, {b.suite.name: b for b in changed},
+                                   None if full else totals)  # fmt: skip
         else:
             outcome.skipped += [(s.name, "no table changed") for s in cross]
         project = quality_dir(config)
-        ahead = pool.submit(_local, batches[0]) if batches else None
-        for i, batch in enumerate(batches):
-            assert ahead is not None
-            local = ahead.result()
-            ahead = pool.submit(_local, batches[i + 1]) if i + 1 < len(batches) else None
+        waiting = iter(work)
+        ahead = collections.deque(pool.submit(_fetched, w) for w in itertools.islice(waiting, AHEAD))
+        batches = []
+        while ahead:
+            batch, local = ahead.popleft().result()
+            ahead.extend(pool.submit(_fetched, w) for w in itertools.islice(waiting, 1))
+            batches.append(batch)
             outcome.results += _validate(project, batch, local, run_id, validated_at, config.quality.blocking)
     if outcome.results:
         _append(spark, results_table, outcome.results)
@@ -222,11 +239,11 @@ def recorded_validations(spark: SparkSession, runs_table: str) -> tuple[Validati
     for a cross view). The latest run's, not the largest version: a table rebuilt by reconcile starts again
     from version 0. With it, what lifecycle_totals held up to (None when it did not hold). From the last row
     of `quality_runs` (one per run); None when it has none yet."""
-    rows = spark.table(runs_table).orderBy(F.desc("finished_at")).limit(1).select("latest", "totals").collect()
-    if not rows:
+    row = latest_row(spark, runs_table, "finished_at")
+    if row is None:
         return None
-    latest = {suite: (run, v) for suite, (run, v) in json.loads(rows[0]["latest"]).items()}
-    return latest, json.loads(rows[0]["totals"]) if rows[0]["totals"] else None
+    latest = {suite: (run, v) for suite, (run, v) in json.loads(row["latest"]).items()}
+    return latest, json.loads(row["totals"]) if row["totals"] else None
 
 
 def validations_in(spark: SparkSession, results_table: str) -> Validations:
@@ -273,12 +290,13 @@ def _change_feed(spark: SparkSession, table: str, since: int, version: int) -> D
 def _cross_batches(
     spark: SparkSession, config: Config, cross: list[Suite], outcome: Outcome, validated: dict[str, Batch],
     totals: Totals | None,
-) -> list[Batch]:  # fmt: skip
-    """The cross views over this run's tables. A reference breaks only when an op or a commit arrives (a half
-    arriving later can only mend one), so the reference views check the ops and commits this run validates
-    (all of them on a first run) against every half, and are skipped when none arrived. A group finding is
-    checked by itself alone: those this run validates in anomalies, none when it validates none. The totals
-    are checked from where they last held (`totals`), whole when they did not."""
+) -> list[Callable[[], Batch]]:  # fmt: skip
+    """The cross views over this run's tables, each as the work that makes its batch. A reference breaks only
+    when an op or a commit arrives (a half arriving later can only mend one), so the reference views check
+    the ops and commits this run validates (all of them on a first run) against every half, and are skipped
+    when none arrived. A group finding is checked by itself alone: those this run validates in anomalies, none
+    when it validates none. The totals are checked from where they last held (`totals`), whole when they did
+    not."""
     names = {s: config.table(BRONZE[s].name) for s in BRONZE} | {
         "lifecycle": config.table(TXN_LIFECYCLE.name),
         "offset_commits": config.table(OFFSET_COMMITS.name),
@@ -289,28 +307,38 @@ def _cross_batches(
         return []
     t = {k: spark.table(v) for k, v in names.items()}
     as_of = latest_as_of(spark, config)
-    views: dict[str, tuple[DataFrame, str]] = {}
-    for name, (stream, view, looked_up) in REFERENCES.items():
-        arrived = validated.get(BRONZE[stream].name)
-        if arrived is None:
-            outcome.skipped.append((name, f"no new rows in {BRONZE[stream].name}"))
+    shown = []
+    for name, (stream, _, _) in REFERENCES.items():
+        if BRONZE[stream].name in validated:
+            shown.append(name)
         else:
-            # The halves the arrived rows can name: in the recent files of half_events as a rule.
-            half = t["half"] if arrived.scope == "full" else within(t["half"], looked_up(arrived.df))
-            views[name] = (view(arrived.df, half), arrived.scope)
-    found = validated.get(ANOMALIES.name)
-    if found is None:
-        outcome.skipped.append(("group_findings", f"no new rows in {ANOMALIES.name}"))
+            outcome.skipped.append((name, f"no new rows in {BRONZE[stream].name}"))
+    if ANOMALIES.name in validated:
+        shown.append("group_findings")
     else:
-        views["group_findings"] = (group_findings(found.df), found.scope)
+        outcome.skipped.append(("group_findings", f"no new rows in {ANOMALIES.name}"))
     holds = None
     if as_of is not None:
         holds = {"as_of": int(as_of), "tables": {k: table_identity(spark, names[k]) for k in TOTALS_TABLES}}
-        views["lifecycle_totals"] = _totals(spark, names, t, totals, holds)
+        shown.append("lifecycle_totals")
     else:
         outcome.skipped.append(("lifecycle_totals", "no reconcile run yet"))
-    return [Batch(s, df, None, scope, holds if s.name == "lifecycle_totals" else None)
-            for s in cross if s.name in views for df, scope in [views[s.name]]]  # fmt: skip
+
+    def made(suite: Suite) -> Batch:
+        if suite.name == "lifecycle_totals":
+            assert holds is not None
+            df, scope = _totals(spark, names, t, totals, holds)
+            return Batch(suite, df, None, scope, holds)
+        if suite.name == "group_findings":
+            found = validated[ANOMALIES.name]
+            return Batch(suite, group_findings(found.df), None, found.scope)
+        stream, view, looked_up = REFERENCES[suite.name]
+        arrived = validated[BRONZE[stream].name]
+        # The halves the arrived rows can name: in the recent files of half_events as a rule.
+        half = t["half"] if arrived.scope == "full" else within(t["half"], looked_up(arrived.df))
+        return Batch(suite, view(arrived.df, half), None, arrived.scope)
+
+    return [functools.partial(made, s) for s in cross if s.name in shown]
 
 
 def _totals(
@@ -395,6 +423,12 @@ def _define(context: FileDataContext, suite: Suite, engine: str) -> gx.Validatio
     return context.validation_definitions.add_or_update(
         gx.ValidationDefinition(name=f"{suite.name} on {engine}", data=batch_def, suite=gx_suite)
     )
+
+
+def _fetched(work: Batch | Callable[[], Batch]) -> tuple[Batch, Any]:
+    """The batch (made first, when it is given as the work that makes it) and `_local` of it."""
+    batch = work() if callable(work) else work
+    return batch, _local(batch)
 
 
 def _local(batch: Batch) -> Any:
@@ -537,6 +571,7 @@ def _record_run(
            json.dumps(latest, sort_keys=True),
            None if totals is None else json.dumps(totals, sort_keys=True))  # fmt: skip
     spark.createDataFrame([row], to_struct(QUALITY_RUNS)).write.insertInto(table)
+    appended(spark, table, Row(**dict(zip(QUALITY_RUNS.names, row, strict=True))))
 
 
 def summary(outcome: Outcome) -> str:

@@ -39,8 +39,11 @@ from pyspark.sql import types as T
 
 from jobs.catalog import (
     add_new_fields,
+    appended,
     create_table,
     ensure_view,
+    history,
+    latest_row,
     may_have_rows,
     table_exists,
     table_schema,
@@ -305,8 +308,7 @@ def _same_columns(actual: T.StructType, schema: Schema) -> bool:
 
 
 def last_run(spark: SparkSession, config: Config) -> Row | None:
-    rows = spark.table(config.table(RECONCILE_RUNS.name)).orderBy(F.desc("finished_at")).limit(1).collect()
-    return rows[0] if rows else None
+    return latest_row(spark, config.table(RECONCILE_RUNS.name), "finished_at")
 
 
 def latest_as_of(spark: SparkSession, config: Config) -> int | None:
@@ -340,7 +342,7 @@ def why_full(
         table = config.table(schema.name)
         version, recorded = table_version(spark, table), last[f"{schema.name}_version"]
         # Compacted since (OPTIMIZE, e.g. by an operator's weekly job) or given a property is as the last run left it.
-        compacted = version > recorded and all(h["operation"] in REARRANGING for h in _history(spark, table, recorded))
+        compacted = version > recorded and all(h["operation"] in REARRANGING for h in history(spark, table, recorded))
         if version != recorded and not compacted:
             return f"{schema.name} is at version {version}, the last run left it at {recorded}"
     for stream in TIME:
@@ -349,17 +351,11 @@ def why_full(
             return f"the last run read no {table}"
         if now < since:
             return f"{table} is at version {now}, older than the {since} the last run read"
-        for h in _history(spark, table, since) if now > since else []:
+        for h in history(spark, table, since) if now > since else []:
             mode = APPEND_ONLY.get(h["operation"], "?")
             if mode is not None and (h["operationParameters"] or {}).get("mode") != mode:
                 return f"{table} had a {h['operation']} at version {h['version']}, not only appends"
     return None
-
-
-def _history(spark: SparkSession, table: str, since: int) -> list[Row]:
-    """The table's history entries after version `since`: version, operation and its parameters."""
-    history = spark.sql(f"DESCRIBE HISTORY {table}").where(F.col("version") > since)
-    return history.select("version", "operation", "operationParameters").collect()
 
 
 def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[str, DataFrame]:
@@ -732,9 +728,9 @@ def record_run(
         **{f"{s.name}_version": table_version(spark, config.table(s.name)) for s in OUTPUTS},
         "started_at": started_at.replace(tzinfo=None), "finished_at": dt.datetime.now(dt.UTC).replace(tzinfo=None),
     }  # fmt: skip
-    spark.createDataFrame([row], to_struct(RECONCILE_RUNS)).write.format("delta").mode("append").saveAsTable(
-        config.table(RECONCILE_RUNS.name)
-    )
+    table = config.table(RECONCILE_RUNS.name)
+    spark.createDataFrame([row], to_struct(RECONCILE_RUNS)).write.format("delta").mode("append").saveAsTable(table)
+    appended(spark, table, Row(**{c: row.get(c) for c in RECONCILE_RUNS.names}))
 
 
 def summary(counts: dict[str, int]) -> str:

@@ -7,12 +7,16 @@ import weakref
 from typing import Any
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
 
 from jobs.catalog import (
+    appended,
     compact,
     create_table,
     ensure_view,
+    history,
+    latest_row,
     may_have_rows,
     table_exists,
     table_schema,
@@ -127,6 +131,48 @@ def test_a_table_without_rows_is_told_apart_without_a_spark_job(spark: SparkSess
     assert sorted(tuple(r) for r in _pinned(spark, name, 1).collect()) == sorted(ROWS)
     spark.sql(f"DELETE FROM {name}")
     assert _pinned(spark, name, table_version(spark, name)).collect() == []
+
+
+def test_the_latest_row_is_read_once_per_version(spark: SparkSession, config: Config) -> None:
+    """A run table's latest row is queried when the table is at a version not seen before, and known without a
+    Spark job when it is as it was last read, or as `appended` left it; a table made again is read again."""
+    from jobs.session import jobs_started
+
+    name = create_table(spark, config, OFFSET, name="offset_latest")
+    order = "commit_timestamp"
+    assert latest_row(spark, name, order) is None
+    spark.createDataFrame(ROWS, to_struct(OFFSET)).write.insertInto(name)
+    before = jobs_started(spark)
+    assert tuple(latest_row(spark, name, order) or ()) == ROWS[1]  # the greater commit_timestamp
+    read = jobs_started(spark)
+    assert read > before
+    assert tuple(latest_row(spark, name, order) or ()) == ROWS[1] and jobs_started(spark) == read
+    newer = (*ROWS[0][:5], ROWS[1][5] + 1, *ROWS[0][6:])
+    spark.createDataFrame([newer], to_struct(OFFSET)).write.insertInto(name)
+    appended(spark, name, Row(**dict(zip(OFFSET.names, newer, strict=True))))
+    noted = jobs_started(spark)
+    assert tuple(latest_row(spark, name, order) or ()) == newer and jobs_started(spark) == noted
+    spark.createDataFrame([ROWS[0]], to_struct(OFFSET)).write.insertInto(name)  # written elsewhere: read again
+    assert tuple(latest_row(spark, name, order) or ()) == newer and jobs_started(spark) > noted
+    assert table_version(spark, name) == 3
+    spark.sql(f"DROP TABLE {name}")
+    create_table(spark, config, OFFSET, name="offset_latest")  # made again, to the version last read
+    for _ in range(table_version(spark, name), 3):
+        spark.createDataFrame([ROWS[0]], to_struct(OFFSET)).write.insertInto(name)
+    assert tuple(latest_row(spark, name, order) or ()) == ROWS[0]
+
+
+def test_history_is_what_describe_history_says(spark: SparkSession, config: Config) -> None:
+    name = create_table(spark, config, OFFSET, name="offset_history")
+    df = spark.createDataFrame(ROWS, to_struct(OFFSET))
+    df.write.insertInto(name)
+    df.write.insertInto(name, overwrite=True)
+    spark.sql(f"OPTIMIZE {name}")
+    described = spark.sql(f"DESCRIBE HISTORY {name}").select("version", "operation", "operationParameters")
+    for since in range(-1, 4):
+        expected = [r.asDict() for r in described.where(F.col("version") > since).collect()]
+        assert history(spark, name, since) == expected
+    assert [h["operation"] for h in history(spark, name, 0)] == ["OPTIMIZE", "WRITE", "WRITE"]
 
 
 def test_the_catalog_is_asked_as_spark_asks_it(spark: SparkSession, config: Config) -> None:

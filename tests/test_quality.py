@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from jobs import quality
+from jobs.catalog import create_table
 from jobs.cli import main
 from jobs.config import Config
 from jobs.quality import (
@@ -30,7 +31,8 @@ from jobs.quality import (
 from jobs.reconcile import reconcile
 from jobs.report import gather_quality
 from schemas.bronze import BRONZE
-from schemas.quality import suites
+from schemas.quality import QUALITY_RUNS, suites
+from schemas.spark import to_struct
 from tests.test_ingest import fresh_db, ingest, make_landing, op_record
 from transforms.lifecycle import DISCARD_TOPIC
 from transforms.quality import GROUP_FINDINGS, changed_rows, lifecycle_gains, lifecycle_totals
@@ -106,7 +108,7 @@ def test_the_totals_gained_agree_per_transaction(spark: SparkSession) -> None:
 
 
 @pytest.mark.spark
-def test_the_version_validated_last_is_the_latest_runs_not_the_largest(spark: SparkSession) -> None:
+def test_the_version_validated_last_is_the_latest_runs_not_the_largest(spark: SparkSession, config: Config) -> None:
     """A table reconcile rebuilt (new columns) starts again from version 0: the largest version validated
     would then skip it, or validate it whole, until it caught up. The last row of quality_runs says; a
     warehouse an older version wrote has only dq_results, which then says the same."""
@@ -114,25 +116,20 @@ def test_the_version_validated_last_is_the_latest_runs_not_the_largest(spark: Sp
             ("group_findings", NOW, None, "dq-1")]  # fmt: skip
     spark.createDataFrame(rows, "suite string, validated_at timestamp, table_version long, run_id string"
                           ).createOrReplaceTempView("dq_old")  # fmt: skip
-    spark.createDataFrame([], "finished_at timestamp, latest string, totals string").createOrReplaceTempView(
-        "dq_no_runs"
-    )
+    runs_table = create_table(spark, config, QUALITY_RUNS, name="quality_runs_latest")
     expected = {"deliveries": ("dq-2", 3), "group_findings": ("dq-1", None)}
-    assert recorded_validations(spark, "dq_no_runs") is None
+    assert recorded_validations(spark, runs_table) is None
     assert validations_in(spark, "dq_old") == expected
     held = {"as_of": 5, "tables": {"half": ["id", 2]}}
     runs = [
-        (NOW, json.dumps({"deliveries": ["dq-2", 3]}), json.dumps(held)),
-        (NOW + dt.timedelta(hours=2), json.dumps({"deliveries": ["dq-3", 0]}), None),
-    ]
-    spark.createDataFrame(runs, "finished_at timestamp, latest string, totals string").createOrReplaceTempView(
-        "dq_runs"
-    )
-    assert recorded_validations(spark, "dq_runs") == ({"deliveries": ("dq-3", 0)}, None)  # the totals failed last
-    spark.createDataFrame(runs[:1], "finished_at timestamp, latest string, totals string").createOrReplaceTempView(
-        "dq_runs"
-    )
-    assert recorded_validations(spark, "dq_runs") == ({"deliveries": ("dq-2", 3)}, held)
+        ("dq-2", NOW, NOW, 1, 0, 0, "deliveries", json.dumps({"deliveries": ["dq-2", 3]}), json.dumps(held)),
+        ("dq-3", NOW, NOW + dt.timedelta(hours=2), 1, 1, 0, "deliveries", json.dumps({"deliveries": ["dq-3", 0]}),
+         None),
+    ]  # fmt: skip
+    spark.createDataFrame(runs, to_struct(QUALITY_RUNS)).write.insertInto(runs_table)
+    assert recorded_validations(spark, runs_table) == ({"deliveries": ("dq-3", 0)}, None)  # the totals failed last
+    spark.createDataFrame(runs[:1], to_struct(QUALITY_RUNS)).write.insertInto(runs_table, overwrite=True)
+    assert recorded_validations(spark, runs_table) == ({"deliveries": ("dq-2", 3)}, held)
 
 
 def _results(spark: SparkSession, cfg: Config, run_id: str) -> list[dict[str, Any]]:
