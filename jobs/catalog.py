@@ -92,24 +92,31 @@ def latest_row(spark: SparkSession, table: str, order: str) -> Row | None:
     Without a Spark job when the table is as this process last read it or `appended` to it: a service reads
     the latest reconcile and quality runs every cycle (some five jobs and half a second each), and it wrote
     the latest itself."""
-    identity = table_identity(spark, table)
+    state = _commit(spark, table)
     known = _LATEST.get(table)
-    if known is not None and known[0] == identity:
+    if known is not None and known[0] == state:
         return known[1]
-    pinned = spark.sql(f"SELECT * FROM {table} VERSION AS OF {identity[1]}")
+    pinned = spark.sql(f"SELECT * FROM {table} VERSION AS OF {state[1]}")
     rows = pinned.orderBy(F.desc(order)).limit(1).collect()
-    _LATEST[table] = (identity, rows[0] if rows else None)
+    _LATEST[table] = (state, rows[0] if rows else None)
     return rows[0] if rows else None
 
 
 def appended(spark: SparkSession, table: str, row: Row) -> None:
     """Note `row` as the latest of `table`: the caller appended it with the table's latest commit, holding
     the warehouse (no other writer)."""
-    _LATEST[table] = (table_identity(spark, table), row)
+    _LATEST[table] = (_commit(spark, table), row)
 
 
-# A run table -> (its id and version, its latest row then): a version's rows never change.
-_LATEST: dict[str, tuple[tuple[str, int], Row | None]] = {}
+def _commit(spark: SparkSession, table: str) -> tuple[str, int, int]:
+    """The table's id, version and that version's commit time: a version's rows never change, and a table
+    copied back to an earlier version and written again reaches the same version by another commit."""
+    snapshot = _snapshot(spark, table)
+    return str(snapshot.metadata().id()), int(snapshot.version()), int(snapshot.timestamp())
+
+
+# A run table -> (its latest commit, `_commit`, and its latest row then).
+_LATEST: dict[str, tuple[tuple[str, int, int], Row | None]] = {}
 
 
 def may_have_rows(spark: SparkSession, table: str, version: int | None = None) -> bool:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+import shutil
 import weakref
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,7 +135,7 @@ def test_a_table_without_rows_is_told_apart_without_a_spark_job(spark: SparkSess
     assert _pinned(spark, name, table_version(spark, name)).collect() == []
 
 
-def test_the_latest_row_is_read_once_per_version(spark: SparkSession, config: Config) -> None:
+def test_the_latest_row_is_read_once_per_version(spark: SparkSession, config: Config, tmp_path: Path) -> None:
     """A run table's latest row is queried when the table is at a version not seen before, and known without a
     Spark job when it is as it was last read, or as `appended` left it; a table made again is read again."""
     from jobs.session import jobs_started
@@ -155,9 +157,21 @@ def test_the_latest_row_is_read_once_per_version(spark: SparkSession, config: Co
     spark.createDataFrame([ROWS[0]], to_struct(OFFSET)).write.insertInto(name)  # written elsewhere: read again
     assert tuple(latest_row(spark, name, order) or ()) == newer and jobs_started(spark) > noted
     assert table_version(spark, name) == 3
+    saved = tmp_path / "saved"  # the table's folder copied back to a version read, then written again
+    location = spark.sql(f"DESCRIBE DETAIL {name}").first()["location"].removeprefix("file:")  # type: ignore[index]
+    shutil.copytree(location, saved)
+    appended_row = (*ROWS[0][:5], ROWS[1][5] + 2, *ROWS[0][6:])
+    spark.createDataFrame([appended_row], to_struct(OFFSET)).write.insertInto(name)
+    appended(spark, name, Row(**dict(zip(OFFSET.names, appended_row, strict=True))))
+    shutil.rmtree(location)
+    shutil.copytree(saved, location)
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # type: ignore[union-attr]
+    spark.createDataFrame([ROWS[0]], to_struct(OFFSET)).write.insertInto(name)
+    assert table_version(spark, name) == 4
+    assert tuple(latest_row(spark, name, order) or ()) == newer
     spark.sql(f"DROP TABLE {name}")
     create_table(spark, config, OFFSET, name="offset_latest")  # made again, to the version last read
-    for _ in range(table_version(spark, name), 3):
+    for _ in range(table_version(spark, name), 4):
         spark.createDataFrame([ROWS[0]], to_struct(OFFSET)).write.insertInto(name)
     assert tuple(latest_row(spark, name, order) or ()) == ROWS[0]
 
