@@ -83,8 +83,8 @@ def table_version(spark: SparkSession, table: str) -> int:
 def table_identity(spark: SparkSession, table: str) -> tuple[str, int]:
     """The Delta table's id and current version: a table dropped and made again has another id, whatever its
     version."""
-    snapshot = _snapshot(spark, table)
-    return str(snapshot.metadata().id()), int(snapshot.version())
+    table_id, version, _ = _commit(spark, table)
+    return table_id, version
 
 
 def latest_row(spark: SparkSession, table: str, order: str) -> Row | None:
