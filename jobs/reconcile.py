@@ -420,9 +420,10 @@ def refused_by_filters(snapshots: DataFrame, commits: DataFrame, real: DataFrame
     """The tag filters' refusals, kept. Every window a filter could refuse in is bounded by a consumer snapshot:
     with none (a warehouse that collects no consumer groups) there is none, and computing them still ran Spark
     jobs. `seen`: whether there is a snapshot, when the caller knows."""
-    found = refusals(snapshots, commits, real)
     seen = not snapshots.isEmpty() if seen is None else seen
-    return found.checkpointed() if seen else found.none()
+    if not seen:
+        return refusals(snapshots, commits, real).none()
+    return refusals(snapshots, commits, real, lambda df: df.localCheckpoint())
 
 
 def snapshots_up_to(frames: dict[str, DataFrame], as_of: int) -> DataFrame:

@@ -1,6 +1,6 @@
 """One session-scoped SparkSession for the suite: local[2], few partitions, Delta configured; every Spark
-the suite starts runs without the UI and without code generation (tests/spark-conf), but for two: the
-pipeline of test_outputs generates code, and the main job of test_main_job runs with the README's settings."""
+the suite starts runs without the UI and without code generation (tests/spark-conf), but for the main job of
+test_main_job, which runs with the README's settings and so generates code as production does."""
 
 from __future__ import annotations
 

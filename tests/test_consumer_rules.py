@@ -264,6 +264,10 @@ def test_the_first_window_is_exact_where_the_offset_stood_still_since_the_messag
     refused = refusals(cons, commits_df, real)
     [(_, _, _, since, detail)] = found(undelivered(refused, AS_OF))
     assert (since, detail["messages"], detail["at_most"], detail["before_first_snapshot"]) == (T - 8_000, 2, 6, 4)
+    # Reconcile keeps what both outputs read, window 0 among it, and reads the same refusals from it.
+    kept = refused_by_filters(cons, commits_df, real)
+    for computed, taken in zip(refused, kept, strict=True):
+        assert sorted(map(repr, taken.collect())) == sorted(map(repr, computed.collect())) != []
     assert (detail["exact"], detail["first_offset"], detail["last_offset"]) == (False, 4, 5)
     # Without the time before (the group's first commit at the snapshot), the same window is exact.
     later = [("t", 0, 0, T, "A", 1), ("t", 0, 6, T + 5_000, "A", 2)]

@@ -11,7 +11,7 @@ there, reference §3.3).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import reduce
 from typing import NamedTuple
 
@@ -282,16 +282,16 @@ class Refusals(NamedTuple):
     windows: DataFrame
     per_message: DataFrame
 
-    def checkpointed(self) -> Refusals:
-        return Refusals(self.windows.localCheckpoint(), self.per_message.localCheckpoint())
-
     def none(self) -> Refusals:
         """The same columns and no row: Spark plans every query that reads them as empty, and runs no job."""
         return Refusals(self.windows.limit(0), self.per_message.limit(0))
 
 
-def refusals(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame) -> Refusals:
-    """The refusals of tag filters between consecutive snapshots (see `Refusals`).
+def refusals(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame,
+             keep: Callable[[DataFrame], DataFrame] = lambda df: df) -> Refusals:  # fmt: skip
+    """The refusals of tag filters between consecutive snapshots (see `Refusals`). `keep` (a checkpoint, say) is
+    applied to the windows, to window 0 and the commits it is cut from, and to the messages refused: both outputs
+    read the windows and window 0, which are then computed once.
 
     The candidates of a window are the filters its two snapshots show and those of the snapshot before: a
     member commits what it passed up to one persist interval (5 s) later, so a message the committed offset
@@ -328,6 +328,7 @@ def refusals(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: Data
         .withColumn("exact", F.col("complete") & (F.size("configs") == 1))
         .drop("prev_ts", "sides")
         .join(snaps.select(*SNAP, "next_ts"), on=SNAP)
+        .transform(keep)
     )  # fmt: skip
     start = queue_state(windows, offset_commits_df, real_df).select(*SNAP, *QUEUE, F.col("committed").alias("c0"))
     end = queue_state(windows.select("consumer_group", F.col("next_ts").alias("snapshot_ts"), *QUEUE).distinct(),
@@ -338,7 +339,7 @@ def refusals(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: Data
         .join(end, on=["consumer_group", "next_ts", *QUEUE])
         .where(F.col("c1") > F.col("c0"))
     )
-    before, moved = _before_first(every, at, offset_commits_df, real_df)
+    before, moved = _before_first(every, at, offset_commits_df, real_df, keep)
     messages = real_df.select(*QUEUE, "queue_offset", "tags", "store_timestamp")
     in_window = (F.col("queue_offset") >= F.col("c0")) & (F.col("queue_offset") < F.col("c1"))
     judged = F.transform("configs", lambda c: F.struct(
@@ -368,12 +369,13 @@ def refusals(consumer_df: DataFrame, offset_commits_df: DataFrame, real_df: Data
         .withColumn("_every", F.col("complete") & ~unseen & (F.col("_lost") == F.size("_judged")))
         .withColumn("_refused_by", F.transform(lost, lambda j: F.when(~j["broker"], "broker").otherwise("member")))
         .drop("_moved", "store_timestamp")
+        .transform(keep)
     )  # fmt: skip
     return Refusals(windows.unionByName(before.drop("c0", "c1")), per_message)
 
 
-def _before_first(every: DataFrame, at: DataFrame, offset_commits_df: DataFrame,
-                  real_df: DataFrame) -> tuple[DataFrame, DataFrame]:  # fmt: skip
+def _before_first(every: DataFrame, at: DataFrame, offset_commits_df: DataFrame, real_df: DataFrame,
+                  keep: Callable[[DataFrame], DataFrame]) -> tuple[DataFrame, DataFrame]:  # fmt: skip
     """Window 0 of each group and queue a first-snapshot filter could refuse on (`refusals`), with what its
     committed offset passed, [c0, c1): `snapshot_ts` is the group's first commit on the queue, `next_ts` the
     first snapshot. And `_moved` per (consumer_group, snapshot_ts, queue) of a first snapshot: when the committed
@@ -398,6 +400,7 @@ def _before_first(every: DataFrame, at: DataFrame, offset_commits_df: DataFrame,
         .agg(F.min("commit_timestamp").alias("snapshot_ts"),
              F.max(F.when(F.col("_n") == 1, F.col("offset"))).alias("c1"),
              F.max(F.when(moves, F.col("commit_timestamp"))).alias("_moved"))
+        .transform(keep)
     )  # fmt: skip
     before = (
         configs.join(state, on=["consumer_group", "next_ts", *QUEUE])
@@ -405,6 +408,7 @@ def _before_first(every: DataFrame, at: DataFrame, offset_commits_df: DataFrame,
         .select("consumer_group", "snapshot_ts", F.lit(0).alias("k"), "latest", *QUEUE, "configs",
                 F.lit(True).alias("can_refuse"), F.lit(False).alias("complete"), F.lit(False).alias("exact"),
                 "next_ts", "c0", "c1")
+        .transform(keep)
     )  # fmt: skip
     moved = state.select("consumer_group", F.col("next_ts").alias("snapshot_ts"), *QUEUE, "_moved")
     return before, moved
