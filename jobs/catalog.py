@@ -131,6 +131,16 @@ def may_have_rows(spark: SparkSession, table: str, version: int | None = None) -
     return int(checksum.get().numFiles()) > 0
 
 
+def stored_bytes(spark: SparkSession, table: str, version: int) -> int | None:
+    """The bytes of the Delta table's data files at `version` by its checksum, when that is the current
+    version and has one; else None. No Spark job."""
+    snapshot = _snapshot(spark, table)
+    checksum = snapshot.checksumOpt()
+    if not checksum.isDefined() or int(snapshot.version()) != version:
+        return None
+    return int(checksum.get().tableSizeBytes())
+
+
 def table_schema(spark: SparkSession, table: str) -> T.StructType:
     """The Delta table's columns, from its log: resolving a query on it costs several metastore lookups more."""
     return T.StructType.fromJson(json.loads(_snapshot(spark, table).schema().json()))

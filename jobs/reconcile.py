@@ -45,6 +45,7 @@ from jobs.catalog import (
     history,
     latest_row,
     may_have_rows,
+    stored_bytes,
     table_exists,
     table_schema,
     table_version,
@@ -224,7 +225,18 @@ def read_bronze(spark: SparkSession, config: Config) -> Bronze:
         raise TxnReconError(f"no bronze tables yet ({', '.join(missing)}); run `txn-recon ingest` first")
     versions = {s: table_version(spark, t) for s, t in tables.items()}
     frames = {s: _pinned(spark, t, versions[s]) for s, t in tables.items()}
+    # The consumer snapshots are few, and every group rule groups or orders them by group, queue or snapshot: in
+    # one partition, as Spark reads files of up to maxPartitionBytes, none of that shuffles (each shuffle ran
+    # a Spark job). Past that size they are read as any table is.
+    size = stored_bytes(spark, tables["consumer"], versions["consumer"])
+    if size is not None and size <= _partition_bytes(spark):
+        frames["consumer"] = frames["consumer"].coalesce(1)
     return Bronze(tables, versions, frames)
+
+
+def _partition_bytes(spark: SparkSession) -> int:
+    """spark.sql.files.maxPartitionBytes, in bytes as Spark reads it (it takes units: "128m")."""
+    return int(spark._jsparkSession.sessionState().conf().filesMaxPartitionBytes())
 
 
 def _pinned(spark: SparkSession, table: str, version: int) -> DataFrame:
@@ -677,6 +689,10 @@ def merge_anomalies(spark: SparkSession, config: Config, found: DataFrame, scope
     With `scope` (the recomputed transactions; WHOLE_TYPES and the consumption findings are always
     recomputed), only rows in scope can go."""
     table = config.table(ANOMALIES.name)
+    if scope is None and not may_have_rows(spark, table):
+        # A first run: nothing to update or delete, and the merge's join of source and target cost seconds.
+        found.select(*ANOMALIES.names).write.insertInto(table)
+        return
     columns: dict[str, str | Column] = {c: f"s.{c}" for c in ANOMALIES.names}
     # A run as of an earlier time (a full one) rewrites a row from later: no row is newer than the last run.
     changed = f"{_changed([c for c in ANOMALIES.names[1:] if c != 'as_of'])} OR t.as_of > s.as_of"

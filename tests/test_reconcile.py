@@ -9,16 +9,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from jobs.cli import main
 from jobs.config import Config
-from jobs.reconcile import reconcile
+from jobs.reconcile import read_bronze, reconcile, refused_by_filters, rules_from, snapshots_up_to
 from jobs.score import score
 from schemas.reconciled import DELIVERY_COUNTS
 from schemas.truth import truth_key
 from tests.broker.harness import run_model
 from tests.test_ingest import fresh_db, ingest, make_landing, version
+from transforms.anomalies import offset_commits
+from transforms.consumers import GROUP_TYPES, group_anomalies, snapshots
 
 pytestmark = pytest.mark.spark
 AS_OF = 2_000_000_000_000
@@ -124,6 +127,9 @@ def test_reconcile_job_scores_perfectly_and_a_rerun_changes_nothing(
     rows = [r.asDict() for r in spark.table(cfg.table("anomalies")).collect()]
     assert all(s.perfect for s in score(truth, rows).values())
     assert {r["as_of"] for r in rows} == {meta["as_of"]}
+    # The first run appended its findings: with no stored row, there was nothing to update or delete.
+    history = spark.sql(f"DESCRIBE HISTORY {cfg.table('anomalies')}").orderBy("version").collect()
+    assert [h["operation"] for h in history] == ["CREATE TABLE", "WRITE"], history
     states = {
         r["state"]: r["count"] for r in spark.table(cfg.table("txn_lifecycle")).groupBy("state").count().collect()
     }
@@ -161,6 +167,39 @@ def test_reconcile_job_scores_perfectly_and_a_rerun_changes_nothing(
     reconcile(spark, cfg)
     last = spark.table(cfg.table("reconcile_runs")).orderBy("finished_at").collect()[-1]
     assert (last["mode"], last["consumer_version"]) == ("incremental", version(spark, cfg, "consumer_events"))
+
+
+def test_small_consumer_snapshots_are_one_partition_and_find_the_same(
+    spark: SparkSession, reconciled: Reconciled
+) -> None:
+    """Consumer snapshots Spark would read as one partition are read as one, so that the group rules group and
+    order them without a shuffle; larger ones are read as any table is. The group findings are the same
+    either way, and the same as the run stored."""
+    cfg, as_of = reconciled.cfg, reconciled.meta["as_of"]
+    bronze = read_bronze(spark, cfg)
+    as_read = spark.sql(f"SELECT * FROM {cfg.table('consumer_events')} VERSION AS OF {bronze.versions['consumer']}")
+    assert not _shuffles(snapshots(bronze.frames["consumer"])) and _shuffles(snapshots(as_read))
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "1k")
+    try:
+        assert _shuffles(snapshots(read_bronze(spark, cfg).frames["consumer"]))
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    commits, real, rules = offset_commits(bronze.frames["offset"]), bronze.frames["real"], rules_from(cfg)
+
+    def findings(consumer: DataFrame) -> list[tuple[Any, ...]]:
+        kept = snapshots_up_to({"consumer": consumer}, as_of)
+        refused = refused_by_filters(kept, commits, real)
+        found = group_anomalies(kept, commits, real, bronze.frames["copy"], refused, as_of,
+                                rules.stranded_after_ms)  # fmt: skip
+        return sorted(tuple(r) for r in found.select("anomaly_id", "detail").collect())
+
+    stored = spark.table(cfg.table("anomalies")).where(F.col("anomaly_type").isin(*GROUP_TYPES))
+    one = findings(bronze.frames["consumer"])
+    assert one and one == findings(as_read) == sorted(tuple(r) for r in stored.select("anomaly_id", "detail").collect())
+
+
+def _shuffles(df: DataFrame) -> bool:
+    return "Exchange" in df._jdf.queryExecution().executedPlan().toString()
 
 
 def test_a_later_run_clears_a_stuck_half_that_committed(spark: SparkSession, reconciled: Reconciled) -> None:
