@@ -29,7 +29,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.catalog import add_new_fields, create_table, tables_in
+from jobs.catalog import add_new_fields, create_table, may_have_rows, tables_in
 from jobs.config import Config
 from jobs.errors import EngineError, TxnReconError, first_line, is_unreadable_file
 from jobs.lock import warehouse_lock
@@ -348,7 +348,10 @@ def _write_batch(
 ) -> Tally:  # fmt: skip
     bronze = BRONZE[stream]
     stored = spark.table(config.table(bronze.name)).select(*bronze.key, "_record_hash")
-    if size <= SMALL_BATCH_BYTES:
+    if not may_have_rows(spark, config.table(bronze.name)):
+        # A first batch: no key stored to look up, and Spark folds the lookup of an empty relation away.
+        stored = stored.limit(0)
+    elif size <= SMALL_BATCH_BYTES:
         # A small batch against a large table: bronze cut down to the batch's keys, first to their ranges (so
         # Delta reads its recent files only, as a rule), then by broadcasting them, instead of shuffling every
         # stored key to join with a few new ones.
