@@ -124,21 +124,24 @@ def may_have_rows(spark: SparkSession, table: str, version: int | None = None) -
     `version` when that is current), which Delta writes with some commits, a table's creation among them; True
     otherwise. No Spark job: counting its files from the log would run some, which a query on the table then
     could not reuse."""
-    snapshot = _snapshot(spark, table)
-    checksum = snapshot.checksumOpt()
-    if not checksum.isDefined() or (version is not None and int(snapshot.version()) != version):
-        return True
-    return int(checksum.get().numFiles()) > 0
+    checksum = _checksum(spark, table, version)
+    return checksum is None or int(checksum.numFiles()) > 0
 
 
 def stored_bytes(spark: SparkSession, table: str, version: int) -> int | None:
     """The bytes of the Delta table's data files at `version` by its checksum, when that is the current
     version and has one; else None. No Spark job."""
+    checksum = _checksum(spark, table, version)
+    return None if checksum is None else int(checksum.tableSizeBytes())
+
+
+def _checksum(spark: SparkSession, table: str, version: int | None) -> Any:
+    """The checksum Delta wrote with the table's current version, if it did and that is `version` (when given)."""
     snapshot = _snapshot(spark, table)
     checksum = snapshot.checksumOpt()
-    if not checksum.isDefined() or int(snapshot.version()) != version:
+    if not checksum.isDefined() or (version is not None and int(snapshot.version()) != version):
         return None
-    return int(checksum.get().tableSizeBytes())
+    return checksum.get()
 
 
 def table_schema(spark: SparkSession, table: str) -> T.StructType:
