@@ -346,9 +346,9 @@ def _write_batch(
     spark: SparkSession, config: Config, stream: str, batch: DataFrame, size: int, run_id: str,
     ingested_at: dt.datetime,
 ) -> Tally:  # fmt: skip
-    bronze = BRONZE[stream]
-    stored = spark.table(config.table(bronze.name)).select(*bronze.key, "_record_hash")
-    if not may_have_rows(spark, config.table(bronze.name)):
+    bronze, table = BRONZE[stream], config.table(BRONZE[stream].name)
+    stored = spark.table(table).select(*bronze.key, "_record_hash")
+    if not may_have_rows(spark, table):
         # A first batch: no key stored to look up, and Spark folds the lookup of an empty relation away.
         stored = stored.limit(0)
     elif size <= SMALL_BATCH_BYTES:
@@ -373,7 +373,7 @@ def _write_batch(
     counted.where(F.col("_fate") == INSERT).select(
         *LANDING[stream].names, "_record_hash", "_source_file",
         F.lit(ingested_at).alias("_ingested_at"), F.lit(run_id).alias("_run_id"),
-    ).sortWithinPartitions(*CLUSTER_BY[stream]).writeTo(config.table(bronze.name)).option(
+    ).sortWithinPartitions(*CLUSTER_BY[stream]).writeTo(table).option(
         "maxRecordsPerFile", FILE_ROWS
     ).append()  # fmt: skip
     counts = fates.get

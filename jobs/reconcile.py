@@ -227,9 +227,10 @@ def read_bronze(spark: SparkSession, config: Config) -> Bronze:
     frames = {s: _pinned(spark, t, versions[s]) for s, t in tables.items()}
     # The consumer snapshots are few, and every group rule groups or orders them by group, queue or snapshot: in
     # one partition, as Spark reads files of up to maxPartitionBytes, none of that shuffles (each shuffle ran
-    # a Spark job). Past that size they are read as any table is.
+    # a Spark job). Past that size they are read as any table is; an empty table is left as the empty relation
+    # Spark folds away.
     size = stored_bytes(spark, tables["consumer"], versions["consumer"])
-    if size is not None and size <= _partition_bytes(spark):
+    if size and size <= _partition_bytes(spark):
         frames["consumer"] = frames["consumer"].coalesce(1)
     return Bronze(tables, versions, frames)
 

@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from jobs.cli import main
 from jobs.config import Config
+from jobs.ingest import ensure_tables
 from jobs.reconcile import read_bronze, reconcile, refused_by_filters, rules_from, snapshots_up_to
 from jobs.score import score
 from schemas.reconciled import DELIVERY_COUNTS
@@ -170,11 +171,11 @@ def test_reconcile_job_scores_perfectly_and_a_rerun_changes_nothing(
 
 
 def test_small_consumer_snapshots_are_one_partition_and_find_the_same(
-    spark: SparkSession, reconciled: Reconciled
+    spark: SparkSession, config: Config, reconciled: Reconciled
 ) -> None:
     """Consumer snapshots Spark would read as one partition are read as one, so that the group rules group and
-    order them without a shuffle; larger ones are read as any table is. The group findings are the same
-    either way, and the same as the run stored."""
+    order them without a shuffle; larger ones are read as any table is, and none as the empty relation Spark
+    folds away. The group findings are the same either way, and the same as the run stored."""
     cfg, as_of = reconciled.cfg, reconciled.meta["as_of"]
     bronze = read_bronze(spark, cfg)
     as_read = spark.sql(f"SELECT * FROM {cfg.table('consumer_events')} VERSION AS OF {bronze.versions['consumer']}")
@@ -184,6 +185,9 @@ def test_small_consumer_snapshots_are_one_partition_and_find_the_same(
         assert _shuffles(snapshots(read_bronze(spark, cfg).frames["consumer"]))
     finally:
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    empty = fresh_db(spark, config, "t_reconcile_no_groups")
+    ensure_tables(spark, empty)
+    assert _optimized(read_bronze(spark, empty).frames["consumer"]).startswith("LocalRelation")
     commits, real, rules = offset_commits(bronze.frames["offset"]), bronze.frames["real"], rules_from(cfg)
 
     def findings(consumer: DataFrame) -> list[tuple[Any, ...]]:
@@ -200,6 +204,10 @@ def test_small_consumer_snapshots_are_one_partition_and_find_the_same(
 
 def _shuffles(df: DataFrame) -> bool:
     return "Exchange" in df._jdf.queryExecution().executedPlan().toString()
+
+
+def _optimized(df: DataFrame) -> str:
+    return str(df._jdf.queryExecution().optimizedPlan().toString())
 
 
 def test_a_later_run_clears_a_stuck_half_that_committed(spark: SparkSession, reconciled: Reconciled) -> None:
