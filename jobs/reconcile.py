@@ -73,7 +73,7 @@ from schemas.spark import to_struct
 from transforms.anomalies import OFFSET_KEY, offset_commits, offset_regressions, transaction_anomalies
 from transforms.consumers import GROUP_TYPES, Refusals, group_anomalies, refusals
 from transforms.deliveries import change_sign, changing, counted, deliveries, wanted
-from transforms.frames import change_counts, differing, kept, kept_with_ranges, ranges, row_count, union_all, within
+from transforms.frames import change_counts, differing, kept, kept_with_ranges, row_count, union_all, within
 from transforms.lifecycle import (
     DISCARD_TOPIC,
     ID,
@@ -539,12 +539,13 @@ def incremental(
     with ThreadPoolExecutor(1, "reconcile") as pool:
         queue_part = pool.submit(queue_side)
         current = _as_left(spark, config, TXN_LIFECYCLE, last)
-        # The copies the new ops list are looked up among the halves within their ranges: recent files as a rule.
-        listed = within(half, ranges(listed_copies(new["op"]), BRONZE["half"].key))
+        # The copies the new ops list, kept, are looked up among the halves within their ranges: recent files
+        # as a rule.
+        listed, bounds = kept_with_ranges(listed_copies(new["op"]).distinct(), BRONZE["half"].key)
         # Checkpointed (kept by the executors, lineage cut): small, used in many places, and every later plan
         # stays short; a plan that repeats a cached part's whole lineage in each use can fill the heap.
         keys, touched = kept(union_all([
-            touched_transactions(new["half"], new["op"], new["real"], listed, current),
+            touched_transactions(new["half"], listed, new["real"], within(half, bounds), current),
             traced_transactions(new["trace"], current),
         ]).distinct(), row_count())  # fmt: skip
         n_keys = touched["rows"]

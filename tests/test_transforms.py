@@ -23,7 +23,8 @@ from transforms.anomalies import (
     stuck_half,
 )
 from transforms.frames import kept_with_ranges, kept_with_size, ranges, within
-from transforms.lifecycle import Rules, facts, lifecycle, resolutions, resolved_offsets
+from transforms.lifecycle import Rules, facts, lifecycle, listed_copies, resolutions, resolved_offsets
+from transforms.scope import touched_transactions
 from transforms.trace import answered
 
 pytestmark = pytest.mark.spark
@@ -293,6 +294,27 @@ def test_rechecked_after_resolution(spark: SparkSession) -> None:
     # the discard: it is a late commit alone.
     late = [(r["uniq_key"], r["reason"]) for r in found(life, orphaned_commit(as_of, RULES), as_of)]
     assert late == [("D", "AFTER_DISCARD")]
+
+
+def test_an_op_that_lists_a_copy_later_brings_its_final_transaction_back(spark: SparkSession) -> None:
+    """An incremental run recomputes the transactions with new events, the open ones, and those a new op lists a
+    copy of: a committed transaction whose check copy an op lists only later has no new event of its own, and
+    its row changes all the same (its last check is now resolved)."""
+    halves = [
+        half("C", 0, 1_000),
+        half("C", 5, 3_000, checks=1),  # committed; its check copy listed later
+        half("R", 1, 1_000),  # rolled back: final
+        half("P", 2, 1_000),  # never resolved: open
+    ]
+    ops, reals = [("b", 0, 0, 1_500, "0,1,")], [commit("C", 0, 1_100, 0)]
+    later = [("b", 0, 1, 4_500, "5,")]
+    before, after = build(spark, halves, ops, reals, 5_000), build(spark, halves, ops + later, reals, 5_000)
+    assert {r["uniq_key"]: r["last_check_resolved"] for r in before.collect()}["C"] is False
+    assert {r["uniq_key"]: r["last_check_resolved"] for r in after.collect()}["C"] is True
+    h = spark.createDataFrame(halves, HALF)
+    keys = touched_transactions(h.limit(0), listed_copies(op_rows(spark, later)), spark.createDataFrame([], REAL), h,
+                                before)  # fmt: skip
+    assert sorted(r["uniq_key"] for r in keys.collect()) == ["C", "P"]
 
 
 def test_within_the_ranges_of_some_keys_a_join_on_them_keeps_the_same_rows(spark: SparkSession) -> None:

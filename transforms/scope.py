@@ -29,16 +29,16 @@ from transforms.lifecycle import (
 
 
 def touched_transactions(
-    new_half: DataFrame, new_op: DataFrame, new_real: DataFrame, half_df: DataFrame, lifecycle_df: DataFrame
+    new_half: DataFrame, listed: DataFrame, new_real: DataFrame, half_df: DataFrame, lifecycle_df: DataFrame
 ) -> DataFrame:
     """(broker_name, uniq_key) of every transaction to recompute: new copies, commits or discard
-    evidence; copies that a new op lists; and the open rows of the current lifecycle."""
-    listed = op_offsets(new_op).select(*LOOKUP).distinct()
+    evidence; copies that a new op lists (`listed`: `listed_copies` of the new ops); and the open rows of
+    the current lifecycle."""
     evidence = is_commit() | ((F.col("topic") == DISCARD_TOPIC) & F.col("uniq_key").isNotNull())
     return union_all([
         new_half.select(*ID),
         new_real.where(evidence).select(*ID),
-        copy_lookups(half_df).join(F.broadcast(listed), on=LOOKUP, how="left_semi").select(*ID),
+        half_df.join(F.broadcast(listed), on=list(listed.columns), how="left_semi").select(*ID),
         lifecycle_df.where(open_transactions()).select(*ID),
     ]).distinct()  # fmt: skip
 
