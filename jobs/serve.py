@@ -70,7 +70,7 @@ class Cycle:
     jobs: dict[str, int] = field(default_factory=dict)  # Spark jobs per step run
     inserted: int = 0
     quarantined: int = 0
-    anomalies: dict[str, int] | None = None
+    anomalies: dict[str, int] | None = None  # per type, as the report step read them
     quality_failed: int | None = None
     error: str | None = None
     figures: dict[str, Any] | None = None  # what the metrics show of the tables, read by the report step
@@ -105,6 +105,10 @@ class Engine:
     caught_up: bool = False  # the last cycle ran every step: with nothing new, the next one may rest
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "report"))
     gathering: Future[tuple[dict[str, Any], float]] | None = None  # the dashboard's reconciled part, its seconds
+    # The latest event time in bronze, reconcile's data time: found by the first reconcile, then raised by what
+    # each ingest read (the figure ingest records per file, which reconcile would read back). Forgotten when a
+    # cycle fails or stops, since ingest may have recorded files that the step did not return.
+    latest_event: int | None = None
 
     def cycle(self) -> Cycle:
         now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
@@ -138,6 +142,8 @@ class Engine:
                 with contextlib.suppress(Exception):  # the JVM may be gone: the error says so
                     c.jobs[name] = jobs_started(self.spark) - jobs
         self.settle()
+        if c.status in ("failed", "stopped"):
+            self.latest_event = None
         if not c.idle:
             freeing = time.perf_counter()
             release_java_objects()
@@ -165,9 +171,12 @@ class Engine:
         # its result stands. After a failure, a stop or a restart (kill -9 may have come after ingest) the
         # rest runs all the same.
         c.idle = self.caught_up and c.inserted == 0
+        read = [t.events_until for t in tallies.values() if t.events_until is not None]
+        if self.latest_event is not None:
+            self.latest_event = max([self.latest_event, *read])
 
     def reconcile(self, c: Cycle) -> None:
-        c.anomalies = reconcile.reconcile(self.spark, self.config)
+        self.latest_event = reconcile.reconcile(self.spark, self.config, self.latest_event)
 
     def quality(self, c: Cycle) -> None:
         # The dashboard's reconciled part does not read what quality writes: it is gathered meanwhile, in a
@@ -184,7 +193,7 @@ class Engine:
         reconciled, took = gathering.result()
         # Said apart: when the gathering outlasts quality, it is what the cycle waits for, not the page.
         log.info("  the dashboard's tables read in %.1f s, beside quality", took)
-        c.figures = reconciled["figures"]
+        c.figures, c.anomalies = reconciled["figures"], reconciled["anomaly_counts"]
         report.write_report(self.spark, self.config, reconciled=reconciled)
 
     def compaction_due(self) -> bool:

@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from jobs.cli import main
 from jobs.config import Config
 from jobs.ingest import ensure_tables
-from jobs.reconcile import read_bronze, reconcile, refused_by_filters, rules_from, snapshots_up_to
+from jobs.reconcile import anomaly_counts, read_bronze, reconcile, refused_by_filters, rules_from, snapshots_up_to
 from jobs.score import score
 from schemas.reconciled import DELIVERY_COUNTS
 from schemas.truth import truth_key
@@ -111,7 +111,8 @@ def reconciled(spark: SparkSession, config: Config, tmp_path_factory: pytest.Tem
     landing = tmp_path_factory.mktemp("reconcile") / "landing"
     meta = make_landing(landing, n=150, seed=25)
     ingest(spark, cfg, landing, "run-1")
-    return Reconciled(cfg, landing, meta, reconcile(spark, cfg))
+    reconcile(spark, cfg)
+    return Reconciled(cfg, landing, meta, anomaly_counts(spark, cfg))
 
 
 def _table(spark: SparkSession, cfg: Config, name: str) -> list[tuple[Any, ...]]:

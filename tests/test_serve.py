@@ -7,6 +7,7 @@ truth, as one clean run's are."""
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 import json
 import re
@@ -23,12 +24,16 @@ from typing import Any
 
 import pyspark
 import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
-from jobs.config import load_config
+from jobs.config import Config, load_config
+from jobs.reconcile import latest_event, read_bronze
 from jobs.score import read_truth, score
-from jobs.serve import long_running
+from jobs.serve import Cycle, Engine, long_running
+from jobs.signals import Stop
 from schemas import LANDING
-from tests.test_ingest import make_landing
+from tests.test_ingest import fresh_db, make_landing
 
 BEELINE_CP = str(Path(pyspark.__file__).parent / "jars" / "*")
 CYCLE_WAIT_S = 900
@@ -149,13 +154,16 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
     status, page = served.get("/")
     assert status == 200 and "<html" in page.lower()
     findings = metric(served.get("/metrics")[1], "txn_recon_findings")
-    by_type = {r["anomaly_type"]: int(r["n"]) for r in served.sql(
-        "SELECT anomaly_type, count(*) AS n FROM txn_recon.anomalies GROUP BY anomaly_type")}  # fmt: skip
+    # Nothing new has landed since: the cycles after the first rest, and the first one's row counts its findings.
+    found = served.sql("SELECT anomaly_type, count(*) AS n, (SELECT anomalies FROM txn_recon.serve_cycles WHERE "
+                       "status = 'ok') AS recorded FROM txn_recon.anomalies GROUP BY anomaly_type")  # fmt: skip
+    by_type = {r["anomaly_type"]: int(r["n"]) for r in found}
     summed: dict[str, float] = {}
     for labels, value in findings.items():
         kind = re.search(r'type="(\w+)"', labels).group(1)  # type: ignore[union-attr]
         summed[kind] = summed.get(kind, 0) + value
     assert by_type and summed == by_type
+    assert {int(r["recorded"]) for r in found} == {sum(by_type.values())}
     text = served.get("/metrics")[1]
     [pending] = served.sql("SELECT count_if(r.as_of - l.born_ts >= 60000) AS old FROM "
                            "txn_recon.txn_lifecycle l CROSS JOIN (SELECT max(as_of) AS as_of FROM "
@@ -244,3 +252,26 @@ def test_a_long_running_session_keeps_the_latest_queries_only() -> None:
                                                        "spark.driver.defaultJavaOptions": "-Xss4m"}}})  # fmt: skip
     assert long_running(theirs).spark.conf["spark.sql.ui.retainedExecutions"] == "7"
     assert long_running(theirs).spark.conf["spark.driver.defaultJavaOptions"] == "-Xss4m"
+
+
+def test_the_engine_keeps_the_data_time_reconcile_would_read(
+    spark: SparkSession, config: Config, tmp_path: Path
+) -> None:
+    """Serve raises bronze's latest event time by what each ingest read, instead of reading it back from
+    `ingest_files` every cycle: each reconcile runs as of the time the tables give."""
+    cfg = fresh_db(spark, config, "t_serve_data_time")
+    source, landing = tmp_path / "source", tmp_path / "landing"
+    make_landing(source, n=40, per_file=10)
+    engine = Engine(spark, cfg, landing, None, Stop())
+    for part in (0, 1):  # each stream's earlier files first, then the later ones
+        for stream in LANDING:
+            (landing / stream).mkdir(parents=True, exist_ok=True)
+            files = sorted((source / stream).glob("*.jsonl"))
+            for f in files[: len(files) // 2] if part == 0 else files[len(files) // 2 :]:
+                (landing / stream / f.name).write_text(f.read_text())
+        c = Cycle(f"cycle-{part}", dt.datetime(2026, 1, 1))
+        engine.ingest(c)
+        engine.reconcile(c)
+        found = latest_event(spark, cfg, read_bronze(spark, cfg).frames)
+        [recorded] = spark.table(cfg.table("reconcile_runs")).orderBy(F.desc("finished_at")).limit(1).collect()
+        assert engine.latest_event == found == recorded["as_of"], (part, engine.latest_event, found)
