@@ -261,10 +261,11 @@ def test_the_engine_keeps_the_data_time_reconcile_would_read(
     `ingest_files` every cycle: each reconcile runs as of the time the tables give."""
     cfg = fresh_db(spark, config, "t_serve_data_time")
     source, landing = tmp_path / "source", tmp_path / "landing"
-    make_landing(source, n=40, per_file=10)
+    make_landing(source, n=40, per_file=40)
     engine = Engine(spark, cfg, landing, None, Stop())
+    times = []
     for part in (0, 1):  # each stream's earlier files first, then the later ones
-        for stream in LANDING:
+        for stream in ("half", "op", "real", "offset"):
             (landing / stream).mkdir(parents=True, exist_ok=True)
             files = sorted((source / stream).glob("*.jsonl"))
             for f in files[: len(files) // 2] if part == 0 else files[len(files) // 2 :]:
@@ -275,3 +276,5 @@ def test_the_engine_keeps_the_data_time_reconcile_would_read(
         found = latest_event(spark, cfg, read_bronze(spark, cfg).frames)
         [recorded] = spark.table(cfg.table("reconcile_runs")).orderBy(F.desc("finished_at")).limit(1).collect()
         assert engine.latest_event == found == recorded["as_of"], (part, engine.latest_event, found)
+        times.append(found)
+    assert times[0] < times[1]  # the second cycle's data time is its ingest's, not the first's
