@@ -263,7 +263,7 @@ def test_the_engine_keeps_the_data_time_reconcile_would_read(
     source, landing = tmp_path / "source", tmp_path / "landing"
     make_landing(source, n=40, per_file=40)
     engine = Engine(spark, cfg, landing, None, Stop())
-    times = []
+    times: list[int] = []
     for part in (0, 1):  # each stream's earlier files first, then the later ones
         for stream in ("half", "op", "real", "offset"):
             (landing / stream).mkdir(parents=True, exist_ok=True)
@@ -275,6 +275,6 @@ def test_the_engine_keeps_the_data_time_reconcile_would_read(
         engine.reconcile(c)
         found = latest_event(spark, cfg, read_bronze(spark, cfg).frames)
         [recorded] = spark.table(cfg.table("reconcile_runs")).orderBy(F.desc("finished_at")).limit(1).collect()
-        assert engine.latest_event == found == recorded["as_of"], (part, engine.latest_event, found)
+        assert found is not None and engine.latest_event == found == recorded["as_of"], (part, engine.latest_event)
         times.append(found)
     assert times[0] < times[1]  # the second cycle's data time is its ingest's, not the first's
