@@ -53,13 +53,16 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Config:
     return load_config(
         overrides={
             "warehouse": str(warehouse),
-            # The session lives through every Spark test file of its worker; at the default 1 GiB its heap
+            # The session lives through every Spark test file of its worker; at 1 GiB its heap
             # ran out late in a full run ("GC overhead limit exceeded" in test_consumer_rules).
             "spark": {
                 "conf": {
                     "spark.sql.shuffle.partitions": "2",
                     "spark.default.parallelism": "2",
                     "spark.driver.memory": "2g",
+                    # spark-defaults.conf says why this session's pages are 1 MiB; conf/local.yaml's 8 MiB, for
+                    # the jobs' 4 GiB heaps, would otherwise win.
+                    "spark.buffer.pageSize": "1m",
                     # Delta keeps the log of every table it read (its snapshot and the plans that rebuild its
                     # state) for an hour, up to 10,000 of them. Across the suite's hundreds of warehouses that
                     # was 147 logs late in a full run, with 830 MB of this heap live, and a broadcast in
