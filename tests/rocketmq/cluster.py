@@ -132,7 +132,7 @@ class RocketMQ:
     # A broker joining another's cluster: that one's name server home (start this one with `start_broker`).
     namesrv_home: Path | None = None
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    started: bool = False  # the broker has started once: a restart keeps its ports, which clients know
+    started: bool = field(default=False, init=False)  # once started, a restart keeps its ports: clients know them
 
     @property
     def namesrv(self) -> str:
@@ -196,10 +196,16 @@ class RocketMQ:
         )
 
     def start(self) -> RocketMQ:
+        """The name server, then the broker. A start that fails stops what it started: `with` calls no
+        `__exit__` when `__enter__` raises (a name server outlived the suite run whose broker could not bind)."""
         require_jars(self.version)
-        self._spawn("namesrv", "org.apache.rocketmq.namesrv.NamesrvStartup", f"listenPort={self.namesrv_port}\n")
-        self._wait(lambda: not _port_free(self.namesrv_port), "the name server to listen")
-        self.start_broker()
+        try:
+            self._spawn("namesrv", "org.apache.rocketmq.namesrv.NamesrvStartup", f"listenPort={self.namesrv_port}\n")
+            self._wait(lambda: not _port_free(self.namesrv_port), "the name server to listen")
+            self.start_broker()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def start_broker(self) -> None:
