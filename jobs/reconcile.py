@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -55,7 +56,7 @@ from jobs.config import Config
 from jobs.errors import TxnReconError, first_line
 from jobs.ingest import new_run_id
 from jobs.lock import warehouse_lock
-from jobs.session import build_session
+from jobs.session import BULK_JIT, QUICK_JIT, build_session, with_jit
 from schemas.bronze import BRONZE, EVENT_TIME, INGEST_FILES
 from schemas.model import Schema
 from schemas.reconciled import (
@@ -169,11 +170,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, config: Config) -> int:
     with warehouse_lock(config, "reconcile"):
-        spark = build_session(config)
+        # A full run loops over every row, an incremental one runs many small queries (jobs.session).
+        spark = build_session(with_jit(config, QUICK_JIT if not args.full and has_run(config) else BULK_JIT))
         reconcile(spark, config, args.as_of, full=args.full)
         counts = anomaly_counts(spark, config)
     print(summary(counts))
     return 0
+
+
+def has_run(config: Config) -> bool:
+    """Whether a local warehouse holds an earlier run, by its folder (no Spark yet): the next run is incremental
+    unless something forces a full one."""
+    runs = Path(config.warehouse) / f"{config.database}.db" / RECONCILE_RUNS.name / "_delta_log"
+    return config.is_local_warehouse and runs.is_dir()
 
 
 def rules_from(config: Config) -> Rules:

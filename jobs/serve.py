@@ -42,7 +42,7 @@ from jobs.jars import local_jars
 from jobs.lock import folder_lock, warehouse_lock
 from jobs.running import address_file
 from jobs.runs import new_run_id
-from jobs.session import build_session, jobs_started, release_java_objects
+from jobs.session import QUICK_JIT, build_session, jobs_started, release_java_objects, with_jit
 from jobs.signals import Stop, stop_on_signals
 from jobs.story import story
 from jobs.web import Health, Metrics, start_http
@@ -256,13 +256,6 @@ STATUS_STORE = {
 }
 
 
-# A cycle's CPU goes to hundreds of small queries, each with classes Spark generates for it and runs briefly:
-# the JIT's optimizing compiler took more of it than any other JVM thread (a flight recording of a cycle), and
-# its code pays off only in long loops. The quick compiler alone needs a larger code cache than it reserves,
-# or it fills and the JIT stops; the throughput collector has less work than G1's concurrent one. A cycle at
-# 1M took 93-95 s with these against 99 s without (README).
-JVM = {"spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m -XX:+UseParallelGC"}
-
 # Spark keeps the classes it generates for its last 100 pieces of generated code, and a cycle generates well over
 # a thousand, most as the last cycle did: with room for them, a cycle compiles only what differs (a literal, a
 # new plan). A 1M cycle bringing 1,669 records compiled 429 classes instead of 1,573, in 86-89 s against 92-97 s.
@@ -271,9 +264,8 @@ CODEGEN = {"spark.sql.codegen.cache.maxEntries": "10000"}
 
 def long_running(config: Config) -> Config:
     """The session settings of a process that runs for months; the config's own values win."""
-    return dataclasses.replace(
-        config, spark=dataclasses.replace(config.spark, conf={**STATUS_STORE, **JVM, **CODEGEN, **config.spark.conf})
-    )
+    conf = {**STATUS_STORE, **CODEGEN, **config.spark.conf}
+    return with_jit(dataclasses.replace(config, spark=dataclasses.replace(config.spark, conf=conf)), QUICK_JIT)
 
 
 def with_sql_server(config: Config, address: str) -> Config:

@@ -6,8 +6,10 @@ Derby metastore under the warehouse folder, so every job, notebook and spark-sql
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -55,6 +57,42 @@ def spark_settings(config: Config) -> dict[str, str]:
     extra = settings.get("spark.driver.extraJavaOptions", "")
     settings["spark.driver.extraJavaOptions"] = " ".join([*java_options, extra]).strip()
     return settings
+
+
+# The driver JVM's JIT compilers and collector, by the work a job does (a config, or a site's spark-defaults.conf,
+# that sets spark.driver.defaultJavaOptions keeps its own). Both use the throughput collector: with G1's
+# concurrent one, a full reconcile of a million transactions took 77.9 to 82.9 s against 69.9 to 74.1 s, and its
+# process held more memory (docs/benchmarks.md, Batch).
+# Hundreds of small queries, each running the classes Spark generates for it briefly (serve's cycles, an
+# incremental reconcile): the optimizing compiler's threads took more of a serve cycle's CPU than any other JVM
+# thread (a flight recording), and its code pays off only in long loops. The quick compiler alone needs a larger
+# code cache than it reserves, or the cache fills and compiling stops. An incremental reconcile of 1% more on a
+# million transactions: 43.7 to 45.2 s against 57.5 to 59.0 s.
+QUICK_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m -XX:+UseParallelGC"
+# Whole tables (ingest, a full reconcile): the optimizing compiler pays off in loops over millions of rows; with
+# the quick one alone that full reconcile took 100 s.
+BULK_JIT = "-XX:+UseParallelGC"
+JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
+
+
+def with_jit(config: Config, options: str) -> Config:
+    """`config` with the driver JVM's `options` (QUICK_JIT or BULK_JIT), unless the config or the site's
+    spark-defaults.conf sets them."""
+    if JAVA_OPTIONS in config.spark.conf or JAVA_OPTIONS in _site_defaults():
+        return config
+    conf = {**config.spark.conf, JAVA_OPTIONS: options}
+    return dataclasses.replace(config, spark=dataclasses.replace(config.spark, conf=conf))
+
+
+def _site_defaults() -> set[str]:
+    """The settings named in the spark-defaults.conf Spark's launcher reads (SPARK_CONF_DIR, or SPARK_HOME's conf)."""
+    home = os.environ.get("SPARK_HOME")
+    folder = os.environ.get("SPARK_CONF_DIR") or (os.path.join(home, "conf") if home else "")
+    path = Path(folder, "spark-defaults.conf")
+    if not folder or not path.is_file():
+        return set()
+    lines = (line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines())
+    return {line.split(maxsplit=1)[0] for line in lines if line and not line.startswith("#")}
 
 
 def build_session(config: Config) -> SparkSession:

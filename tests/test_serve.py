@@ -240,10 +240,11 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
     assert "Traceback" not in restarted.text()
 
 
-def test_a_long_running_session_keeps_the_latest_queries_only() -> None:
+def test_a_long_running_session_keeps_the_latest_queries_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Spark's status store keeps a thousand SQL executions by default; serve's session keeps 50, and its JVM
     compiles without the optimizing JIT and keeps the classes Spark generates for a cycle's queries, unless the
     config says otherwise."""
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)  # the suite's spark-defaults.conf sets JVM flags: they win
     ours = long_running(load_config()).spark.conf
     assert (ours["spark.sql.ui.retainedExecutions"], ours["spark.ui.retainedJobs"]) == ("50", "100")
     assert "-XX:TieredStopAtLevel=1" in ours["spark.driver.defaultJavaOptions"]  # no optimizing JIT

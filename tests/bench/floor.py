@@ -43,7 +43,7 @@ from pyspark.sql import functions as F
 from jobs.catalog import table_version
 from jobs.config import Config, load_config
 from jobs.reconcile import OUTPUTS
-from jobs.session import build_session, jobs_started
+from jobs.session import BULK_JIT, QUICK_JIT, build_session, jobs_started, with_jit
 from schemas.bronze import BRONZE, INGEST_FILES, INGEST_RUNS
 from schemas.quality import DQ_RESULTS, QUALITY_RUNS
 from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, RECONCILE_RUNS, TXN_LIFECYCLE
@@ -74,7 +74,8 @@ class Clock:
 
 
 def copy(landing: Path, warehouse: str) -> None:
-    spark, clock = build_session(load_config(overrides={"warehouse": warehouse})), Clock()
+    # With the JVM settings of the jobs it is the floor of (jobs.session), as is `append`.
+    spark, clock = build_session(with_jit(load_config(overrides={"warehouse": warehouse}), BULK_JIT)), Clock()
     for stream in STREAMS:
         spark.read.parquet(str(landing / stream)).write.format("delta").saveAsTable(f"copy_{stream}")
         clock.step(f"{stream} copied")
@@ -96,7 +97,7 @@ def copy(landing: Path, warehouse: str) -> None:
 
 def append(warehouse: str, transactions: int, queues: int) -> None:
     config = load_config(overrides={"warehouse": warehouse})
-    spark, clock = build_session(config), Clock()
+    spark, clock = build_session(with_jit(config, QUICK_JIT)), Clock()
     names = {s: config.table(s.name) for s in (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES, RECONCILE_RUNS)}
     for table in [*names.values(), *(config.table(b.name) for b in BRONZE.values())]:
         DeltaTable.forName(spark, table).toDF()  # the snapshot every run loads first
