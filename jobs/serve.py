@@ -263,7 +263,8 @@ CODEGEN = {"spark.sql.codegen.cache.maxEntries": "10000"}
 
 
 def long_running(config: Config) -> Config:
-    """The session settings of a process that runs for months; the config's own values win."""
+    """The session settings of a process that runs for months; the config's own values win, and the JVM's flags
+    of the site's spark-defaults.conf (`with_jit`)."""
     conf = {**STATUS_STORE, **CODEGEN, **config.spark.conf}
     return with_jit(dataclasses.replace(config, spark=dataclasses.replace(config.spark, conf=conf)), QUICK_JIT)
 
