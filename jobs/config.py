@@ -169,6 +169,10 @@ class Config:
         """The catalog name of one of the project's tables."""
         return f"{self.database}.{name}"
 
+    def with_spark_conf(self, conf: Mapping[str, str]) -> Config:
+        """This config with `conf` as its Spark settings."""
+        return dataclasses.replace(self, spark=dataclasses.replace(self.spark, conf=dict(conf)))
+
 
 def load_config(
     conf_file: str | Path | None = None,

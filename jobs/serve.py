@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import datetime as dt
 import json
 import logging
@@ -265,8 +264,7 @@ CODEGEN = {"spark.sql.codegen.cache.maxEntries": "10000"}
 def long_running(config: Config) -> Config:
     """The session settings of a process that runs for months; the config's own values win, and the JVM's flags
     of the site's spark-defaults.conf (`with_jit`)."""
-    conf = {**STATUS_STORE, **CODEGEN, **config.spark.conf}
-    return with_jit(dataclasses.replace(config, spark=dataclasses.replace(config.spark, conf=conf)), QUICK_JIT)
+    return with_jit(config.with_spark_conf({**STATUS_STORE, **CODEGEN, **config.spark.conf}), QUICK_JIT)
 
 
 def with_sql_server(config: Config, address: str) -> Config:
@@ -277,7 +275,7 @@ def with_sql_server(config: Config, address: str) -> Config:
     extra = {"spark.hadoop.hive.server2.thrift.bind.host": host, "spark.hadoop.hive.server2.thrift.port": str(port)}
     if config.spark.delta_jars == "local":
         extra["spark.driver.extraClassPath"] = os.pathsep.join(str(p) for p in local_jars(config.spark))
-    return dataclasses.replace(config, spark=dataclasses.replace(config.spark, conf={**config.spark.conf, **extra}))
+    return config.with_spark_conf({**config.spark.conf, **extra})
 
 
 def start_sql_server(spark: SparkSession, address: str) -> Any:

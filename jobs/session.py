@@ -6,7 +6,6 @@ Derby metastore under the warehouse folder, so every job, notebook and spark-sql
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import os
@@ -80,8 +79,7 @@ def with_jit(config: Config, options: str) -> Config:
     spark-defaults.conf sets them."""
     if JAVA_OPTIONS in config.spark.conf or JAVA_OPTIONS in _site_defaults():
         return config
-    conf = {**config.spark.conf, JAVA_OPTIONS: options}
-    return dataclasses.replace(config, spark=dataclasses.replace(config.spark, conf=conf))
+    return config.with_spark_conf({**config.spark.conf, JAVA_OPTIONS: options})
 
 
 def _site_defaults() -> set[str]:
