@@ -74,21 +74,42 @@ class Served:
     def cycles(self) -> list[str]:
         return re.findall(r"txn-recon serve: cycle \d+ (\w+)", self.text())
 
-    def sql(self, statement: str, times: int = 1) -> list[dict[str, str]]:
-        """Rows over JDBC, as beeline prints them: CSV (values with commas quoted), NULL for null; with
-        `times`, the statement's rows that many times over, one after the other in one beeline."""
+    def beeline(self, *args: str) -> list[str]:
         # A beeline lives a few seconds: the quick JIT compiler and the serial collector are all it needs.
-        out = subprocess.run(["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Ddisable.quoting.for.sv=false",
-                              "-cp", BEELINE_CP, "org.apache.hive.beeline.BeeLine", "-u", self.jdbc,
-                              "--outputformat=csv2", "--silent=true", "--showHeader=true",
-                              "-e", ";".join([statement] * times)],
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        return ["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Ddisable.quoting.for.sv=false", "-cp",
+                BEELINE_CP, "org.apache.hive.beeline.BeeLine", "-u", self.jdbc, "--outputformat=csv2",
+                "--silent=true", "--showHeader=true", *args]  # fmt: skip
+
+    def sql(self, statement: str) -> list[dict[str, str]]:
+        """Rows over JDBC, as beeline prints them: CSV (values with commas quoted), NULL for null."""
+        out = subprocess.run(self.beeline("-e", statement), capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
-        # beeline echoes its prompt in front of each statement's header, even when silent
-        header, *lines = [
-            line for line in re.sub(r"^\d+: jdbc:\S*> ", "", out.stdout.strip(), flags=re.M).splitlines() if line
-        ]
-        return list(csv.DictReader(io.StringIO("\n".join([header, *(line for line in lines if line != header)]))))
+        return printed_rows(out.stdout)
+
+    def ask_while(self, statement: str, answers: Path, busy: Callable[[], bool], every_s: float = 1.0) -> None:
+        """Ask `statement` every `every_s` seconds while `busy()`, from one beeline, and leave the answers it
+        printed in `answers`: a JVM started for every few questions took CPU from the cycle being watched."""
+        script, errors = answers.with_suffix(".sql"), answers.with_suffix(".err")
+        script.write_text(f"{statement};\n!sh sleep {every_s}\n" * int(CYCLE_WAIT_S / every_s))
+        with answers.open("w") as out, errors.open("w") as err:
+            asking = subprocess.Popen(self.beeline("-f", str(script)), stdout=out, stderr=err)
+        try:
+            while busy() and asking.poll() is None:
+                time.sleep(0.5)
+            assert asking.poll() is None, errors.read_text()[-2000:]  # it asked all along
+        finally:
+            asking.kill()
+            asking.wait(30)
+
+
+def printed_rows(text: str) -> list[dict[str, str]]:
+    """The rows beeline printed in CSV with a header, one or more answers to the same statement."""
+    # beeline echoes its prompt in front of each statement's header, even when silent
+    lines = [line for line in re.sub(r"^\d+: jdbc:\S*> ", "", text.strip(), flags=re.M).splitlines() if line]
+    if not lines:
+        return []
+    header = lines[0]
+    return list(csv.DictReader(io.StringIO("\n".join([header, *(line for line in lines[1:] if line != header)]))))
 
 
 def wait_for(ready: Callable[[], bool], seconds: float, what: str) -> None:
@@ -187,10 +208,10 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
     land(source, landing, 1, 2)
     done = len(served.cycles())
     checking = re.compile(r"cycle (\d+): quality")
-    seen = set()
-    while not any(int(n) > done for n in checking.findall(served.text())):
-        seen |= {(int(r["h"]), int(r["a"])) for r in served.sql(counts, times=3)}
+    answers = tmp_path / "answers.csv"
+    served.ask_while(counts, answers, lambda: not any(int(n) > done for n in checking.findall(served.text())))
     served.proc.kill()
+    seen = {(int(r["h"]), int(r["a"])) for r in printed_rows(answers.read_text())}
     served.proc.wait(30)
     killed = len(served.cycles())
     restarted = Served(landing, conf, warehouse, log, processes)
