@@ -83,7 +83,7 @@ def table_version(spark: SparkSession, table: str) -> int:
 def table_identity(spark: SparkSession, table: str) -> tuple[str, int]:
     """The Delta table's id and current version: a table dropped and made again has another id, whatever its
     version."""
-    table_id, version, _ = _commit(spark, table)
+    table_id, version, _ = table_commit(spark, table)
     return table_id, version
 
 
@@ -92,7 +92,7 @@ def latest_row(spark: SparkSession, table: str, order: str) -> Row | None:
     Without a Spark job when the table is as this process last read it or `appended` to it: a service reads
     the latest reconcile and quality runs every cycle (some five jobs and half a second each), and it wrote
     the latest itself."""
-    state = _commit(spark, table)
+    state = table_commit(spark, table)
     known = _LATEST.get(table)
     if known is not None and known[0] == state:
         return known[1]
@@ -105,10 +105,10 @@ def latest_row(spark: SparkSession, table: str, order: str) -> Row | None:
 def appended(spark: SparkSession, table: str, row: Row) -> None:
     """Note `row` as the latest of `table`: the caller appended it with the table's latest commit, holding
     the warehouse (no other writer)."""
-    _LATEST[table] = (_commit(spark, table), row)
+    _LATEST[table] = (table_commit(spark, table), row)
 
 
-def _commit(spark: SparkSession, table: str) -> tuple[str, int, int]:
+def table_commit(spark: SparkSession, table: str) -> tuple[str, int, int]:
     """The table's id, version and that version's commit time: a version's rows never change, and a table
     copied back to an earlier version and written again reaches the same version by another commit."""
     snapshot = _snapshot(spark, table)

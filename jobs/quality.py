@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.utils import AnalysisException
 
@@ -39,6 +39,7 @@ from jobs.catalog import (
     appended,
     create_table,
     latest_row,
+    table_commit,
     table_exists,
     table_identity,
     table_version,
@@ -141,6 +142,24 @@ class Outcome:
         return [r for r in self.failures if r["blocking"]]
 
 
+@dataclass(frozen=True)
+class Shown:
+    """What the dashboard shows of quality: the latest result of every expectation, failures first, then by
+    suite and expectation; and the latest runs, newest first."""
+
+    latest: list[dict[str, Any]]
+    runs: list[dict[str, Any]]
+
+
+SHOWN_RESULTS = ("suite", "expectation", "success", "blocking", "unexpected_count", "element_count",
+                 "observed_value", "unexpected_sample", "scope", "table_version", "run_id")  # fmt: skip
+SHOWN_RUNS = ("run_id", "validated_at", "expectations", "failed", "blocking_failed", "suites")
+LATEST_RUNS = 50
+# (dq_results, quality_runs) -> their commits (`table_commit`) when this process last read or wrote them, and
+# what the dashboard shows of them then.
+_SHOWN: dict[tuple[str, str], tuple[tuple[Any, ...], Shown]] = {}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--full", action="store_true", help="validate every table whole, not only what changed")
 
@@ -173,6 +192,10 @@ def check_quality(
         raise TxnReconError("quality needs a local warehouse folder for its Great Expectations project")
     results_table, runs_table = create_table(spark, config, DQ_RESULTS), create_table(spark, config, QUALITY_RUNS)
     add_new_fields(spark, runs_table, QUALITY_RUNS)
+    dq_tables = (results_table, runs_table)
+    shown = _SHOWN.get(dq_tables)
+    if shown is not None and shown[0] != _commits(spark, dq_tables):
+        shown = None  # written since by another process: read again when shown
     outcome = Outcome(run_id, docs_index(config))
     recorded, totals = recorded_validations(spark, runs_table) or (None, None)
     latest = validations_in(spark, results_table) if recorded is None else recorded
@@ -225,7 +248,10 @@ def check_quality(
             totals = batch.holds if held else None
     if outcome.results or (recorded is None and latest):  # the first run after an upgrade records what it found
         now = {b.suite.name: (run_id, b.version) for b in batches}
-        _record_run(spark, runs_table, outcome, validated_at, {**latest, **now}, totals)
+        run = _record_run(spark, runs_table, outcome, validated_at, {**latest, **now}, totals)
+        _SHOWN.pop(dq_tables, None)
+        if shown is not None:  # what the dashboard shows, known before this run: this run's results and row added
+            _SHOWN[dq_tables] = (_commits(spark, dq_tables), _shown_after(shown[1], outcome.results, run))
     _build_docs(project, run_id)
     outcome.seconds = time.perf_counter() - started
     return outcome
@@ -564,14 +590,65 @@ def _append(spark: SparkSession, table: str, rows: list[dict[str, Any]]) -> None
 def _record_run(
     spark: SparkSession, table: str, outcome: Outcome, validated_at: dt.datetime,
     latest: Validations, totals: Totals | None,
-) -> None:  # fmt: skip
+) -> dict[str, Any]:  # fmt: skip
     failed = outcome.failures
     row = (outcome.run_id, validated_at, dt.datetime.now(dt.UTC).replace(tzinfo=None), len(outcome.results),
            len(failed), len(outcome.blocking_failures), ", ".join(sorted({r["suite"] for r in outcome.results})),
            json.dumps(latest, sort_keys=True),
            None if totals is None else json.dumps(totals, sort_keys=True))  # fmt: skip
     spark.createDataFrame([row], to_struct(QUALITY_RUNS)).write.insertInto(table)
-    appended(spark, table, Row(**dict(zip(QUALITY_RUNS.names, row, strict=True))))
+    recorded = dict(zip(QUALITY_RUNS.names, row, strict=True))
+    appended(spark, table, Row(**recorded))
+    return recorded
+
+
+def latest_results(spark: SparkSession, config: Config) -> Shown:
+    """What the dashboard shows of quality: read from `dq_results` and `quality_runs` unless they are as this
+    process last read or wrote them (a service's quality run, then its dashboard, every cycle)."""
+    tables = (config.table(DQ_RESULTS.name), config.table(QUALITY_RUNS.name))
+    if not all(table_exists(spark, t) for t in tables):
+        return Shown([], [])
+    commits = _commits(spark, tables)
+    known = _SHOWN.get(tables)
+    if known is not None and known[0] == commits:
+        return known[1]
+    shown = read_latest_results(spark, *tables)
+    _SHOWN[tables] = (commits, shown)
+    return shown
+
+
+def read_latest_results(spark: SparkSession, results_table: str, runs_table: str) -> Shown:
+    """`latest_results` from the tables. The latest run of `runs_table` names the run that validated each suite
+    last, and only those runs' rows of `results_table` are read."""
+    runs = spark.table(runs_table).orderBy(F.desc("finished_at")).limit(LATEST_RUNS).select(*SHOWN_RUNS, "latest")
+    listed = runs.collect()
+    if not listed:
+        return Shown([], [])
+    validating = [(suite, run) for suite, (run, _) in json.loads(listed[0]["latest"]).items()]
+    theirs = functools.reduce(
+        lambda a, b: a | b, [(F.col("suite") == suite) & (F.col("run_id") == run) for suite, run in validating]
+    )
+    # The run ids as a list too: Delta skips the files of other runs by their run_id statistics.
+    found = spark.table(results_table).where(F.col("run_id").isin(*sorted({run for _, run in validating})) & theirs)
+    latest_first = Window.partitionBy("suite", "expectation").orderBy(F.desc("validated_at"), F.desc("run_id"))
+    latest = found.withColumn("_rank", F.row_number().over(latest_first)).where("_rank = 1")
+    rows = latest.orderBy("success", "suite", "expectation").select(*SHOWN_RESULTS).collect()
+    return Shown([r.asDict() for r in rows], [{c: r[c] for c in SHOWN_RUNS} for r in listed])
+
+
+def _shown_after(shown: Shown, results: list[dict[str, Any]], run: dict[str, Any]) -> Shown:
+    """`shown` after a run that appended `results` and recorded `run`: the suites it validated show its results."""
+    validated = {r["suite"] for r in results}
+    new: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in results:
+        new.setdefault((r["suite"], r["expectation"]), {c: r[c] for c in SHOWN_RESULTS})
+    latest = [r for r in shown.latest if r["suite"] not in validated] + list(new.values())
+    latest.sort(key=lambda r: (r["success"], r["suite"], r["expectation"]))
+    return Shown(latest, [{c: run[c] for c in SHOWN_RUNS}, *shown.runs][:LATEST_RUNS])
+
+
+def _commits(spark: SparkSession, tables: tuple[str, ...]) -> tuple[Any, ...]:
+    return tuple(table_commit(spark, t) for t in tables)
 
 
 def summary(outcome: Outcome) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
-import json
 import logging
 import sys
 import time
@@ -21,10 +20,10 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.window import WindowSpec
 
 from dashboard import page
 from dashboard.charts import bucket_ms
+from jobs import quality
 from jobs.catalog import may_have_rows, table_exists
 from jobs.config import Config
 from jobs.errors import TxnReconError
@@ -94,9 +93,8 @@ def _tables(spark: SparkSession, config: Config, names: Sequence[str]) -> dict[s
 
 def gather_quality(spark: SparkSession, config: Config) -> dict[str, Any]:
     """The data-quality part of the dashboard: the latest result of every expectation, the latest runs."""
-    t = _tables(spark, config, ["dq_results", "quality_runs"])
-    latest, runs = _quality(t.get("dq_results"), t.get("quality_runs"))
-    return {"dq_latest": latest, "dq_runs": runs}
+    shown = quality.latest_results(spark, config)
+    return {"dq_latest": shown.latest, "dq_runs": shown.runs}
 
 
 def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
@@ -590,32 +588,6 @@ def _age_bins(stuck: DataFrame) -> list[tuple[str, int]]:
         label = F.when(F.col("age_ms") >= low, F.lit(name)).otherwise(label)
     found = {r["bin"]: r["count"] for r in stuck.groupBy(label.alias("bin")).count().collect()}
     return [(name, found.get(name, 0)) for _, name in STUCK_AGE_BINS]
-
-
-def _quality(dq: DataFrame | None, quality_runs: DataFrame | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The latest result of every expectation, whichever run validated its suite last, and the latest runs.
-    Both are found from `quality_runs` (a row per run), so only those runs' rows of `dq_results` are read."""
-    if dq is None or quality_runs is None:
-        return [], []
-    columns = ["run_id", "validated_at", "expectations", "failed", "blocking_failed", "suites", "latest"]
-    runs = quality_runs.orderBy(F.desc("finished_at")).limit(50).select(*columns).collect()
-    if not runs:
-        return [], []
-    validating = [(suite, run) for suite, (run, _) in json.loads(runs[0]["latest"]).items()]
-    theirs = functools.reduce(
-        lambda a, b: a | b, [(F.col("suite") == suite) & (F.col("run_id") == run) for suite, run in validating]
-    )
-    # The run ids as a list too: Delta skips the files of other runs by their run_id statistics.
-    found = dq.where(F.col("run_id").isin(*sorted({run for _, run in validating})) & theirs)
-    latest = found.withColumn("_rank", F.row_number().over(_latest_first())).where("_rank = 1")
-    columns = ["suite", "expectation", "success", "blocking", "unexpected_count", "element_count", "observed_value",
-               "unexpected_sample", "scope", "table_version", "run_id"]  # fmt: skip
-    rows = latest.orderBy("success", "suite", "expectation").select(*columns).collect()
-    return [r.asDict() for r in rows], [{k: v for k, v in r.asDict().items() if k != "latest"} for r in runs]
-
-
-def _latest_first() -> WindowSpec:
-    return Window.partitionBy("suite", "expectation").orderBy(F.desc("validated_at"), F.desc("run_id"))
 
 
 def _ingest_runs(runs: DataFrame | None) -> list[dict[str, Any]]:

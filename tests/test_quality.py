@@ -25,11 +25,13 @@ from jobs.quality import (
     _validate,
     check_quality,
     quality_dir,
+    read_latest_results,
     recorded_validations,
     validations_in,
 )
 from jobs.reconcile import reconcile
 from jobs.report import gather_quality
+from jobs.session import jobs_started
 from schemas.bronze import BRONZE
 from schemas.quality import QUALITY_RUNS, suites
 from schemas.spark import to_struct
@@ -302,6 +304,16 @@ def test_silver_and_gold_are_validated_by_what_changed(spark: SparkSession, conf
     assert {r["scope"] for r in whole} == {"full"} and all(r["success"] for r in whole)
     states = next(r for r in whole if r["expectation"] == "expect_column_values_to_be_in_set(state)")
     assert states["element_count"] == spark.table(life).count()
+    # The dashboard read the tables above; what this process showed then and appended since is what it shows
+    # now, without a Spark job (a service's dashboard after its quality run, every cycle): as the tables say.
+    before = jobs_started(spark)
+    known = gather_quality(spark, cfg)
+    assert jobs_started(spark) == before
+    tables = (cfg.table("dq_results"), cfg.table("quality_runs"))
+    read = read_latest_results(spark, *tables)
+    assert (known["dq_latest"], known["dq_runs"]) == (read.latest, read.runs)
+    assert [r["run_id"] for r in known["dq_runs"]] == ["dq-changes-3", "dq-changes-upgraded"]
+    assert {r["run_id"] for r in known["dq_latest"] if r["suite"] == "txn_lifecycle"} == {"dq-changes-3"}
 
 
 @pytest.mark.spark
