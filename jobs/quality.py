@@ -195,7 +195,7 @@ def check_quality(
     dq_tables = (results_table, runs_table)
     shown = _SHOWN.get(dq_tables)
     if shown is not None and shown[0] != _commits(spark, dq_tables):
-        shown = None  # written since by another process: read again when shown
+        shown = None  # the tables changed since (a compaction, another process): read again when shown
     outcome = Outcome(run_id, docs_index(config))
     recorded, totals = recorded_validations(spark, runs_table) or (None, None)
     latest = validations_in(spark, results_table) if recorded is None else recorded
