@@ -34,7 +34,7 @@ from jobs.config import Config
 from jobs.errors import EngineError, TxnReconError, first_line, is_unreadable_file
 from jobs.lock import warehouse_lock
 from jobs.runs import new_run_id
-from jobs.session import BULK_JIT, build_session, with_jit
+from jobs.session import OPTIMIZING_JIT, build_session, with_jit
 from schemas import LANDING
 from schemas.bronze import (
     BRONZE,
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     now = dt.datetime.now(dt.UTC)
     run_id = new_run_id(now)
     with warehouse_lock(config, "ingest"):
-        spark = build_session(with_jit(config, BULK_JIT))
+        spark = build_session(with_jit(config, OPTIMIZING_JIT))
         tallies = ingest_landing(spark, config, landing, run_id, now.replace(tzinfo=None))
     print(summary(run_id, tallies))
     return 0

@@ -18,7 +18,7 @@ from jobs import ingest, quality, reconcile, report, score, simulate
 from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.lock import warehouse_lock
-from jobs.session import BULK_JIT, build_session, with_jit
+from jobs.session import OPTIMIZING_JIT, build_session, with_jit
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def pipeline(config: Config, landing: Path, as_of: int | None, fresh: bool = Fal
     now = dt.datetime.now(dt.UTC)
     run_id = ingest.new_run_id(now)
     with warehouse_lock(config, "run"):
-        spark = build_session(with_jit(config, BULK_JIT))
+        spark = build_session(with_jit(config, OPTIMIZING_JIT))
         if fresh:
             reset_for(spark, config, landing)
         log.info("[1/4] ingest")

@@ -56,7 +56,7 @@ from jobs.config import Config
 from jobs.errors import TxnReconError, first_line
 from jobs.ingest import new_run_id
 from jobs.lock import warehouse_lock
-from jobs.session import BULK_JIT, QUICK_JIT, build_session, with_jit
+from jobs.session import OPTIMIZING_JIT, QUICK_JIT, build_session, with_jit
 from schemas.bronze import BRONZE, EVENT_TIME, INGEST_FILES
 from schemas.model import Schema
 from schemas.reconciled import (
@@ -171,7 +171,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: Config) -> int:
     with warehouse_lock(config, "reconcile"):
         # A full run loops over every row, an incremental one runs many small queries (jobs.session).
-        spark = build_session(with_jit(config, QUICK_JIT if not args.full and has_run(config) else BULK_JIT))
+        spark = build_session(with_jit(config, QUICK_JIT if not args.full and has_run(config) else OPTIMIZING_JIT))
         reconcile(spark, config, args.as_of, full=args.full)
         counts = anomaly_counts(spark, config)
     print(summary(counts))

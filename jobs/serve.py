@@ -41,7 +41,7 @@ from jobs.jars import local_jars
 from jobs.lock import folder_lock, warehouse_lock
 from jobs.running import address_file
 from jobs.runs import new_run_id
-from jobs.session import QUICK_JIT, build_session, jobs_started, release_java_objects, with_jit
+from jobs.session import OPTIMIZING_JIT, build_session, jobs_started, release_java_objects, with_jit
 from jobs.signals import Stop, stop_on_signals
 from jobs.story import story
 from jobs.web import Health, Metrics, start_http
@@ -264,7 +264,7 @@ CODEGEN = {"spark.sql.codegen.cache.maxEntries": "10000"}
 def long_running(config: Config) -> Config:
     """The session settings of a process that runs for months; the config's own values win, and the JVM's flags
     of the site's spark-defaults.conf (`with_jit`)."""
-    return with_jit(config.with_spark_conf({**STATUS_STORE, **CODEGEN, **config.spark.conf}), QUICK_JIT)
+    return with_jit(config.with_spark_conf({**STATUS_STORE, **CODEGEN, **config.spark.conf}), OPTIMIZING_JIT)
 
 
 def with_sql_server(config: Config, address: str) -> Config:

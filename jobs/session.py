@@ -62,20 +62,21 @@ def spark_settings(config: Config) -> dict[str, str]:
 # that sets spark.driver.defaultJavaOptions keeps its own). Both use the throughput collector: with G1's
 # concurrent one, a full reconcile of a million transactions took 77.9 to 82.9 s against 69.9 to 74.1 s, and its
 # process held more memory (docs/benchmarks.md, Batch).
-# Hundreds of small queries, each running the classes Spark generates for it briefly (serve's cycles, an
-# incremental reconcile): the optimizing compiler's threads took more of a serve cycle's CPU than any other JVM
-# thread (a flight recording), and its code pays off only in long loops. The quick compiler alone needs a larger
-# code cache than it reserves, or the cache fills and compiling stops. An incremental reconcile of 1% more on a
+# A process of a minute or two that runs hundreds of small queries (an incremental reconcile), each running the
+# classes Spark generates for it briefly: the optimizing compiler's threads took more of its CPU than any other
+# JVM thread (a flight recording), and its code pays off only later. The quick compiler alone needs a larger code
+# cache than it reserves, or the cache fills and compiling stops. An incremental reconcile of 1% more on a
 # million transactions: 43.7 to 45.2 s against 57.5 to 59.0 s.
 QUICK_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m -XX:+UseParallelGC"
-# Whole tables (ingest, a full reconcile): the optimizing compiler pays off in loops over millions of rows; with
-# the quick one alone that full reconcile took 100 s.
-BULK_JIT = "-XX:+UseParallelGC"
+# Whole tables (ingest, a full reconcile), and a service's cycles: the optimizing compiler pays off in loops over
+# millions of rows (with the quick one alone that full reconcile took 100 s), and in the code a service runs
+# again every cycle, once it has compiled it (docs/operations/serve.md).
+OPTIMIZING_JIT = "-XX:+UseParallelGC"
 JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
 
 
 def with_jit(config: Config, options: str) -> Config:
-    """`config` with the driver JVM's `options` (QUICK_JIT or BULK_JIT), unless the config or the site's
+    """`config` with the driver JVM's `options` (QUICK_JIT or OPTIMIZING_JIT), unless the config or the site's
     spark-defaults.conf sets them."""
     if JAVA_OPTIONS in config.spark.conf or JAVA_OPTIONS in _site_defaults():
         return config

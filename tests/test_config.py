@@ -11,7 +11,7 @@ from jobs.config import CONF_DIR, JARS_DIR_VARIABLE, Config, load_config
 from jobs.errors import ConfigError
 from jobs.reconcile import has_run
 from jobs.serve import long_running
-from jobs.session import BULK_JIT, JAVA_OPTIONS, QUICK_JIT, with_jit
+from jobs.session import JAVA_OPTIONS, OPTIMIZING_JIT, QUICK_JIT, with_jit
 
 
 def test_base_and_local_layers_merge(tmp_path: Path) -> None:
@@ -135,7 +135,7 @@ def test_serve_listens_on_loopback_unless_told_otherwise() -> None:
 def test_a_job_picks_its_jvm_flags_unless_the_config_or_the_site_sets_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Incremental reconciles and serve's cycles run the quick JIT only, ingest and full reconciles the optimizing
+    """Incremental reconciles run the quick JIT only; ingest, full reconciles and serve's cycles the optimizing
     one too (jobs.session); a config or the site's spark-defaults.conf that sets the driver's JVM flags keeps
     them. Reconcile expects an incremental run where the warehouse folder holds an earlier run."""
     monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
@@ -145,17 +145,17 @@ def test_a_job_picks_its_jvm_flags_unless_the_config_or_the_site_sets_them(
     def flags(c: Config) -> str | None:
         return c.spark.conf.get(JAVA_OPTIONS)
 
-    assert flags(with_jit(config, QUICK_JIT)) == QUICK_JIT and flags(long_running(config)) == QUICK_JIT
-    assert flags(with_jit(config, BULK_JIT)) == BULK_JIT
+    assert flags(with_jit(config, QUICK_JIT)) == QUICK_JIT and flags(long_running(config)) == OPTIMIZING_JIT
+    assert flags(with_jit(config, OPTIMIZING_JIT)) == OPTIMIZING_JIT
     own = load_config(overrides={"warehouse": str(tmp_path / "wh"), "spark": {"conf": {JAVA_OPTIONS: "-Xss4m"}}})
     assert flags(with_jit(own, QUICK_JIT)) == "-Xss4m"
     site = tmp_path / "site"
     site.mkdir()
     (site / "spark-defaults.conf").write_text(f"# a site's\nspark.ui.enabled false\n{JAVA_OPTIONS}   -Xss4m\n")
     monkeypatch.setenv("SPARK_CONF_DIR", str(site))
-    assert flags(with_jit(config, BULK_JIT)) is None and flags(long_running(config)) is None
+    assert flags(with_jit(config, OPTIMIZING_JIT)) is None and flags(long_running(config)) is None
     (site / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
-    assert flags(with_jit(config, BULK_JIT)) == BULK_JIT
+    assert flags(with_jit(config, OPTIMIZING_JIT)) == OPTIMIZING_JIT
 
     assert not has_run(config)
     (tmp_path / "wh" / f"{config.database}.db" / "reconcile_runs" / "_delta_log").mkdir(parents=True)

@@ -4,13 +4,16 @@ that already holds N reconciled ones (BENCH_TRANSACTIONS, default "10000 1000000
 For each N the model simulates N + 1,000 transactions of the default profile as Parquet, split by event
 time into `base` and `tail`: the tail is the window in which the last 1,000 transactions arrive, with every
 event of that window (their halves, ops and messages, the answers to older ones, offset commits), the same
-at every N, so that the cycles differ only by the warehouse (landing/bench-serve-N+1000, reused when it is
-there).
-`txn-recon ingest` and `reconcile` make the warehouse from `base`, reconciled as of a second before its
+at every N, so that the cycles differ only by the warehouse. The base is split again into `start` and
+`warm-1` to `warm-3`, each warm part the window of the 1,000 arrivals before the next part's
+(landing/bench-serve-N+1000, reused when it is there).
+`txn-recon ingest` and `reconcile` make the warehouse from `start`, reconciled as of a second before its
 last event; then `txn-recon serve` starts on it with a cycle every 5 s. Its first cycle finds nothing new
-to ingest but, after a start, runs every step once, reconciling that last second incrementally (the
-warm-up: a reconcile with nothing new at all would compute nothing); then `tail` lands and the next cycle
-brings it in. Printed: that cycle's status, seconds per step and Spark jobs from serve's own line (the
+to ingest but, after a start, runs every step once, reconciling that last second incrementally (a reconcile
+with nothing new at all would compute nothing); then the warm parts land one per cycle, as a cluster in
+steady traffic brings them, so that the measured cycle runs code the JVM has compiled, as a service's do;
+then `tail` lands and the next cycle brings it in: N transactions are reconciled when it starts. Printed:
+the warm cycles' seconds, then that cycle's status, seconds per step and Spark jobs from serve's own line (the
 metrics' reading of the tables included; collect excluded: nothing to collect here), and the peak resident
 memory of serve's process tree; serve's log is kept in artifacts/bench-logs. Then, on the same warehouse,
 the floor of that cycle (`tests.bench.floor cycle`): what Delta alone takes, warm, to write and read the
@@ -43,6 +46,9 @@ from tests.bench.bench_pipeline import FLOOR, ROOT, TIME, Window, split_landing
 from tests.bench.bench_reconcile import TXN_RECON, _hwm_kib, _tree, timed, timed_job
 
 NEW_TRANSACTIONS = 1_000  # what the measured cycle brings, whatever the warehouse holds
+# Cycles that bring as much before the measured one: a service in steady traffic, whose JVM has compiled the code
+# that every cycle runs again (in the first cycles after a start, the JIT compiler's threads take much of the CPU).
+WARM_CYCLES = 3
 LOGS = ROOT / "artifacts" / "bench-logs"
 CYCLE = re.compile(r"txn-recon serve: cycle (\d+) (\w+): inserted (\d+)(.*)")
 JOBS = re.compile(r", Spark jobs (\d+) \(([^)]*)\)")
@@ -66,14 +72,43 @@ def arrivals(new: int) -> Window:
     return window
 
 
-def landing_for(n: int) -> tuple[Path, Path]:
-    """landing/bench-serve-N+1000/{base,tail}, simulated and split once."""
+def landing_for(n: int) -> tuple[Path, list[Path], Path]:
+    """landing/bench-serve-N+1000/{start,warm-1..,tail}, simulated and split once: the base split again into
+    its start and the arrivals of the WARM_CYCLES x 1,000 transactions before the tail's."""
     root = ROOT / "landing" / f"bench-serve-{n}+{NEW_TRANSACTIONS}"
     split = root / "split.json"
     if "window" not in (json.loads(split.read_text()) if split.exists() else {}):  # an older split: the last events
         split_landing(root, n + NEW_TRANSACTIONS, arrivals(NEW_TRANSACTIONS))
         split.write_text(json.dumps({**json.loads(split.read_text()), "window": "arrivals"}))
-    return root / "base", root / "tail"
+    if json.loads(split.read_text()).get("warm") != WARM_CYCLES:
+        split.write_text(json.dumps({**json.loads(split.read_text()), **split_warm(root), "warm": WARM_CYCLES}))
+    return root / "start", [root / f"warm-{k}" for k in range(1, WARM_CYCLES + 1)], root / "tail"
+
+
+def split_warm(root: Path) -> dict[str, int]:
+    """Split root/base by event time into root/start and the WARM_CYCLES parts after it, each the window in
+    which the next 1,000 of its transactions arrive (the last one up to the base's end); their counts."""
+    tables = {s: pq.read_table(root / "base" / s / "part-00000.parquet") for s in TIME}
+    half = tables["half"]
+    first = half.group_by(["broker_name", "uniq_key"]).aggregate([("store_timestamp", "min")])
+    order = pc.sort_indices(first, sort_keys=[("store_timestamp_min", "ascending")])
+    born = pc.take(first.column("store_timestamp_min"), order)
+    cuts = [born[-k * NEW_TRANSACTIONS - 1].as_py() for k in range(WARM_CYCLES, 0, -1)]
+    bounds = [None, *cuts, None]  # part i holds the events after bounds[i], up to bounds[i + 1]
+    names = ["start", *(f"warm-{k}" for k in range(1, WARM_CYCLES + 1))]
+    counts = {}
+    for i, name in enumerate(names):
+        counts[name] = 0
+        for s, table in tables.items():
+            at = table.column(TIME[s])
+            kept = pc.greater(at, bounds[i]) if bounds[i] is not None else pc.is_valid(at)
+            if bounds[i + 1] is not None:
+                kept = pc.and_(kept, pc.less_equal(at, bounds[i + 1]))
+            rows = table.filter(kept)
+            (root / name / s).mkdir(parents=True, exist_ok=True)
+            pq.write_table(rows, root / name / s / "part-00000.parquet", row_group_size=250_000)
+            counts[name] += rows.num_rows
+    return counts
 
 
 def last_event(landing: Path) -> int:
@@ -93,6 +128,16 @@ def wait_for_cycle(log: Path, after: int, proc: subprocess.Popen[bytes], peak: l
         peak[0] = max([peak[0], *(_hwm_kib(p) for p in _tree(proc.pid))])
         time.sleep(0.5)
     return cycles(log)[after]
+
+
+def bring(part: Path, landing: Path, log: Path, proc: subprocess.Popen[bytes], peak: list[int]) -> re.Match[str]:
+    """Land `part` beside what serve watches; the line of the cycle that took it in."""
+    for s in TIME:
+        os.link(part / s / "part-00000.parquet", landing / s / f"{part.name}.parquet")
+    new = wait_for_cycle(log, len(cycles(log)), proc, peak)
+    while int(new[3]) == 0:  # a cycle that had begun before the part landed
+        new = wait_for_cycle(log, int(new[1]), proc, peak)
+    return new
 
 
 def _status(m: re.Match[str]) -> str:
@@ -141,15 +186,15 @@ def main() -> int:
     # size -> the cycle's seconds, its floor's, the cycle's Spark jobs, its floor's
     measured: dict[int, tuple[float, float, int, int]] = {}
     for n in sizes:
-        base, tail = landing_for(n)
+        start, warm_parts, tail = landing_for(n)
         with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
             landing, warehouse, log = Path(tmp) / "landing", Path(tmp) / "warehouse", Path(tmp) / "serve.log"
             for s in TIME:
                 (landing / s).mkdir(parents=True)
-                os.link(base / s / "part-00000.parquet", landing / s / "base.parquet")
+                os.link(start / s / "part-00000.parquet", landing / s / "start.parquet")
             wh = ["--warehouse", str(warehouse)]
             ingest_s, _ = timed([TXN_RECON, "ingest", "--landing", str(landing), *wh])
-            reconcile_s, _ = timed([TXN_RECON, "reconcile", "--as-of", str(last_event(base) - 1000), *wh])
+            reconcile_s, _ = timed([TXN_RECON, "reconcile", "--as-of", str(last_event(start) - 1000), *wh])
             conf = Path(tmp) / "serve.yaml"
             conf.write_text(json.dumps({"serve": {"every_s": 5, "http": "127.0.0.1:0", "sql": None}}))
             with open(log, "wb") as out:
@@ -157,11 +202,8 @@ def main() -> int:
                                         stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
             peak = [0]
             warm = wait_for_cycle(log, 0, proc, peak)
-            for s in TIME:
-                os.link(tail / s / "part-00000.parquet", landing / s / "tail.parquet")
-            new = wait_for_cycle(log, len(cycles(log)), proc, peak)
-            while int(new[3]) == 0:  # a cycle that had begun before the tail landed
-                new = wait_for_cycle(log, int(new[1]), proc, peak)
+            brought = [bring(part, landing, log, proc, peak) for part in [*warm_parts, tail]]
+            new = brought[-1]
             proc.send_signal(signal.SIGTERM)
             proc.wait(600)
             LOGS.mkdir(parents=True, exist_ok=True)
@@ -169,8 +211,10 @@ def main() -> int:
             floor = cycle_floor(warehouse, LOGS / f"floor-{n}.log")
             print(f"serve on {n:,} reconciled transactions (made by ingest {ingest_s:.0f} s, reconcile "
                   f"{reconcile_s:.0f} s; its log: {LOGS / f'serve-{n}.log'}):\n  warm-up cycle {_status(warm)}: "
-                  f"{_steps(warm)}\n  the cycle that brought {int(new[3]):,} new records {_status(new)}: "
-                  f"{_steps(new)}\n  peak RSS of serve's process tree {peak[0] // 1024:,} MiB\n  the floor of that "
+                  f"{_steps(warm)}\n  the {len(warm_parts)} cycles after it, each bringing the arrivals of "
+                  f"{NEW_TRANSACTIONS:,} transactions: {', '.join(f'{_seconds(m):.1f} s' for m in brought[:-1])}\n  "
+                  f"the cycle that brought {int(new[3]):,} new records {_status(new)}: {_steps(new)}\n  peak RSS of "
+                  f"serve's process tree {peak[0] // 1024:,} MiB\n  the floor of that "
                   f"cycle, Delta alone writing and reading its rows: {floor.merged_s:.1f} s, {floor.merged_jobs} "
                   f"Spark jobs; with the outputs appended instead of merged {floor.appended_s:.1f} s, "
                   f"{floor.appended_jobs} Spark jobs (its steps: {LOGS / f'floor-{n}.log'})",

@@ -43,7 +43,7 @@ from pyspark.sql import functions as F
 from jobs.catalog import table_version
 from jobs.config import Config, load_config
 from jobs.reconcile import OUTPUTS
-from jobs.session import BULK_JIT, QUICK_JIT, build_session, jobs_started, with_jit
+from jobs.session import OPTIMIZING_JIT, QUICK_JIT, build_session, jobs_started, with_jit
 from schemas.bronze import BRONZE, INGEST_FILES, INGEST_RUNS
 from schemas.quality import DQ_RESULTS, QUALITY_RUNS
 from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, RECONCILE_RUNS, TXN_LIFECYCLE
@@ -75,7 +75,7 @@ class Clock:
 
 def copy(landing: Path, warehouse: str) -> None:
     # With the JVM settings of the jobs it is the floor of (jobs.session), as is `append`.
-    spark, clock = build_session(with_jit(load_config(overrides={"warehouse": warehouse}), BULK_JIT)), Clock()
+    spark, clock = build_session(with_jit(load_config(overrides={"warehouse": warehouse}), OPTIMIZING_JIT)), Clock()
     for stream in STREAMS:
         spark.read.parquet(str(landing / stream)).write.format("delta").saveAsTable(f"copy_{stream}")
         clock.step(f"{stream} copied")
