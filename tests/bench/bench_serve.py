@@ -63,13 +63,17 @@ def arrivals(new: int) -> Window:
     which is nearly all of the last events at 10,000) are left out."""
 
     def window(tables: dict[str, pa.Table]) -> tuple[int, int]:
-        half = tables["half"]
-        first = half.group_by(["broker_name", "uniq_key"]).aggregate([("store_timestamp", "min")])
-        born = pc.sort_indices(first, sort_keys=[("store_timestamp_min", "ascending")])
-        times = pc.take(first.column("store_timestamp_min"), born)
+        times = births(tables["half"])
         return times[-new - 1].as_py(), times[-1].as_py()
 
     return window
+
+
+def births(half: pa.Table) -> pa.Array:
+    """The store time of each transaction's first half, earliest first."""
+    first = half.group_by(["broker_name", "uniq_key"]).aggregate([("store_timestamp", "min")])
+    order = pc.sort_indices(first, sort_keys=[("store_timestamp_min", "ascending")])
+    return pc.take(first.column("store_timestamp_min"), order)
 
 
 def landing_for(n: int) -> tuple[Path, list[Path], Path]:
@@ -89,10 +93,7 @@ def split_warm(root: Path) -> dict[str, int]:
     """Split root/base by event time into root/start and the WARM_CYCLES parts after it, each the window in
     which the next 1,000 of its transactions arrive (the last one up to the base's end); their counts."""
     tables = {s: pq.read_table(root / "base" / s / "part-00000.parquet") for s in TIME}
-    half = tables["half"]
-    first = half.group_by(["broker_name", "uniq_key"]).aggregate([("store_timestamp", "min")])
-    order = pc.sort_indices(first, sort_keys=[("store_timestamp_min", "ascending")])
-    born = pc.take(first.column("store_timestamp_min"), order)
+    born = births(tables["half"])
     cuts = [born[-k * NEW_TRANSACTIONS - 1].as_py() for k in range(WARM_CYCLES, 0, -1)]
     bounds = [None, *cuts, None]  # part i holds the events after bounds[i], up to bounds[i + 1]
     names = ["start", *(f"warm-{k}" for k in range(1, WARM_CYCLES + 1))]
