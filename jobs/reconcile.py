@@ -570,10 +570,8 @@ def incremental(
             return None  # once the queues' part is done (leaving the pool waits for it): a full run follows
         delivered = pool.submit(lambda: merge_deliveries(queue_part.result()))
         # The plan reads the recomputed transactions' halves and messages several times: kept, each table is
-        # scanned once for them. The keys are renamed to fresh columns first: a checkpoint keeps its source's
-        # column ids, and without adaptive execution Spark could not tell them from the halves' own in this join.
-        fresh = keys.select(*(F.col(c).alias(c) for c in ID))
-        half_k, real_k = (kept(df.join(F.broadcast(fresh), on=ID, how="left_semi"))[0] for df in (half, real))
+        # scanned once for them.
+        half_k, real_k = (kept(df.join(F.broadcast(keys), on=ID, how="left_semi"))[0] for df in (half, real))
         life, seen = kept(facts_of(keys, half_k, op, real_k).transform(lifecycle(as_of, rules)),
                           F.min("born_ts").alias("born"))  # fmt: skip
         stored = current.alias("t").where(born_since(seen["born"]))
