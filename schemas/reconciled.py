@@ -174,3 +174,6 @@ TRACE_COVERAGE = Schema(
     ),
     key=("group_name", "role", "minute_ts"),
 )
+
+# The views reconcile creates in the catalog beside its tables.
+VIEWS = (BROKER_WRITES, TRACE_COVERAGE)
