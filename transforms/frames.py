@@ -52,11 +52,14 @@ def ranges(df: DataFrame, columns: Sequence[str]) -> dict[str, tuple[Any, Any]]:
 def kept(df: DataFrame, *metrics: Column) -> tuple[DataFrame, dict[str, Any]]:
     """`df` checkpointed (kept by the executors, its lineage cut) and `metrics`, named aggregates of its rows,
     observed in the pass that writes the checkpoint: they cost no job of their own. Its columns are new ones: a
-    checkpoint keeps the ids of its source's, and without adaptive execution Spark cannot resolve a join of the
-    two (as of a table's rows with the kept keys of some of them)."""
-    seen = Observation()
-    rows = (df.observe(seen, *metrics) if metrics else df).localCheckpoint()
-    return rows.select(*(F.col(c).alias(c) for c in rows.columns)), seen.get if metrics else {}
+    checkpoint keeps its source's column ids, and without adaptive execution Spark cannot resolve a join of the
+    two (a table's rows with the kept keys of some of them)."""
+    if metrics:
+        seen = Observation()
+        rows, got = df.observe(seen, *metrics).localCheckpoint(), seen.get
+    else:
+        rows, got = df.localCheckpoint(), {}
+    return rows.select(*(F.col(c).alias(c) for c in rows.columns)), got
 
 
 def kept_with_ranges(df: DataFrame, columns: Sequence[str]) -> tuple[DataFrame, dict[str, tuple[Any, Any]]]:
