@@ -357,12 +357,14 @@ def _write_batch(
         # stored key to join with a few new ones.
         keys, bounds = kept_with_ranges(batch.select(*bronze.key).distinct(), bronze.key)
         stored = within(stored, bounds).join(F.broadcast(keys), on=list(bronze.key), how="left_semi")
-    facts, sizes = kept(
+    found, sizes = kept(
         key_facts(bronze.key, batch, stored), F.count(F.lit(1)).alias("keys"),
         F.count_if(F.col("_copies") > 1).alias("contested"),
     )  # fmt: skip
-    if sizes["keys"] <= BROADCAST_KEYS:
-        facts = F.broadcast(facts)  # usually empty: the batch is then written without a shuffle
+    # As a rule no key repeats or is stored: nothing to join, and the batch is written as it is read.
+    facts = None
+    if sizes["keys"]:
+        facts = F.broadcast(found) if sizes["keys"] <= BROADCAST_KEYS else found  # broadcast: the batch unshuffled
     classified = batch.transform(classify_batch(bronze.key, facts, contested=sizes["contested"] > 0))
     # One pass writes the inserts and counts every fate on the way; quarantine rows are rare and are
     # computed again only when there are some.

@@ -150,13 +150,14 @@ def key_facts(key: tuple[str, ...], batch: DataFrame, stored: DataFrame) -> Data
     )
 
 
-def classify_batch(key: tuple[str, ...], facts: DataFrame, contested: bool) -> Transform:
+def classify_batch(key: tuple[str, ...], facts: DataFrame | None, contested: bool) -> Transform:
     """Give each row of a batch its `_fate` and, when quarantined, its `_reason`.
 
-    `facts` comes from `key_facts`; `contested` says whether some key has more than one row in the
-    batch. Then, within the batch, the first row of each natural key (by source file, then hash) is
-    the candidate; exact repeats of it are duplicates and rows with other content under the same key
-    are conflicts. That ranking shuffles the whole batch, so an uncontested batch skips it. A candidate
+    `facts` comes from `key_facts`, None when it has no row (nothing to join: a broadcast of no rows
+    still ran a Spark job); `contested` says whether some key has more than one row in the batch.
+    Then, within the batch, the first row of each natural key (by source file, then hash) is the
+    candidate; exact repeats of it are duplicates and rows with other content under the same key are
+    conflicts. That ranking shuffles the whole batch, so an uncontested batch skips it. A candidate
     bronze already holds with the same hash is a duplicate, with another hash a conflict. Conflicts go
     to quarantine.
     """
@@ -170,7 +171,10 @@ def classify_batch(key: tuple[str, ...], facts: DataFrame, contested: bool) -> T
             )
         else:
             ranked = df.withColumn("_rank", F.lit(1)).withColumn("_first_hash", F.col("_record_hash"))
-        joined = ranked.join(facts.select(*key, "_stored_hash"), on=list(key), how="left")
+        if facts is None:
+            joined = ranked.withColumn("_stored_hash", F.lit(None).cast("string"))
+        else:
+            joined = ranked.join(facts.select(*key, "_stored_hash"), on=list(key), how="left")
         fate = (
             F.when(~valid, QUARANTINED)
             .when(F.col("_record_hash") != F.col("_first_hash"), QUARANTINED)
