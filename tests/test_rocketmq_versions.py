@@ -32,7 +32,7 @@ from jobs.reconcile import reconcile
 from sources.collector import _iso as collect_time
 from sources.collector import _now as now
 from tests.rocketmq.cluster import VERSIONS, BrokerSettings, RocketMQ, compile_driver, run_driver, wait_for
-from tests.rocketmq.truth import expected, rip_82_expected
+from tests.rocketmq.truth import expected, rip_82_deletions, rip_82_expected
 from tests.test_ingest import fresh_db, ingest, landed
 from tests.test_real_broker import collect_runs, export, start_collector, stop_collector, whole_passes
 
@@ -52,6 +52,7 @@ class Played:
     exported: Path  # what export-store read from the store afterwards
     collector_log: str
     collector_exit: int  # after the SIGTERM that stopped it
+    deletions: dict[str, int]  # the halves a RIP-82 broker deleted unresolved, with its check count then
 
 
 NONE = pytest.param(None, marks=pytest.mark.skip("ROCKETMQ_VERSIONS names no version but the main one"))
@@ -78,8 +79,9 @@ def played(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         rmq.kill_broker()
         time.sleep(0.5)
         export(rmq.store, exported, rmq.broker_name)
+        deletions = rip_82_deletions(rmq.log("broker", "transaction.log"))
     lines = [json.loads(line) for line in truth.read_text().splitlines()]
-    return Played(version, rip_82, lines, live, exported, log.read_text(), exit_code)
+    return Played(version, rip_82, lines, live, exported, log.read_text(), exit_code, deletions)
 
 
 def test_collect_lands_what_the_store_holds(played: Played) -> None:
@@ -105,7 +107,7 @@ def test_pipeline_matches_what_the_broker_did(spark: SparkSession, config: Confi
 
     txns = [t for t in played.truth if t["kind"] == "txn"]
     assert Counter(t["fate"] for t in txns)["LATE_COMMIT"] == 5
-    want = {t["uniq_key"]: rip_82_expected(t, SETTINGS.check_max) if played.rip_82
+    want = {t["uniq_key"]: rip_82_expected(t, SETTINGS.check_max, played.deletions) if played.rip_82
             else expected(t, SETTINGS.check_max, SETTINGS.check_interval_ms) for t in txns}  # fmt: skip
     life = {r["uniq_key"]: r for r in spark.table(cfg.table("txn_lifecycle")).collect()}
     assert {k: r["state"] for k, r in life.items()} == {k: e.state for k, e in want.items()}
