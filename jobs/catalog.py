@@ -157,16 +157,30 @@ def table_exists(spark: SparkSession, table: str) -> bool:
 
 def history(spark: SparkSession, table: str, since: int) -> list[dict[str, Any]]:
     """The Delta table's commits after version `since`, latest first: version, operation and its parameters,
-    as DESCRIBE HISTORY gives them: read from its log, with one Spark job where that query runs two."""
-    log, metadata = _log(spark, table)
+    as DESCRIBE HISTORY gives them, each read from its commit file in the log: no Spark job, where that query
+    runs two. A commit whose file is gone (the log cleaned up) or holds no commit info has operation None."""
+    log, _ = _log(spark, table)
+    latest = int(_snapshot(spark, table).version())
+    return [_commit(spark, log, version) for version in range(latest, since, -1)]
+
+
+def _commit(spark: SparkSession, log: Any, version: int) -> dict[str, Any]:
     jvm: Any = spark._jvm
-    commits = log.history().getHistory(since + 1, jvm.scala.Option.empty(), jvm.scala.Option.apply(metadata))
+    delta, conf = jvm.org.apache.spark.sql.delta, log.newDeltaHadoopConf()
+    path = delta.util.FileNames.unsafeDeltaFile(log.logPath(), version)
+    info = (
+        delta.DeltaHistoryManager.getCommitInfoOpt(log.store(), path, conf)
+        if path.getFileSystem(conf).exists(path)
+        else None
+    )
+    if info is None or info.isEmpty():
+        return {"version": version, "operation": None, "operationParameters": {}}
+    # Stored JSON-encoded ("\"[]\""), decoded as DESCRIBE HISTORY shows them.
+    parameters = delta.actions.CommitInfo.getLegacyPostDeserializationOperationParameters(
+        info.get().operationParameters()
+    )
     as_java = jvm.scala.jdk.javaapi.CollectionConverters.asJava
-    return [
-        {"version": int(c.version().get()), "operation": c.operation(),
-         "operationParameters": dict(as_java(c.operationParameters()))}
-        for c in (commits.apply(i) for i in range(commits.size()))
-    ]  # fmt: skip
+    return {"version": version, "operation": info.get().operation(), "operationParameters": dict(as_java(parameters))}
 
 
 def _snapshot(spark: SparkSession, table: str) -> Any:

@@ -158,13 +158,13 @@ def test_the_latest_row_is_read_once_per_version(spark: SparkSession, config: Co
     assert tuple(latest_row(spark, name, order) or ()) == newer and jobs_started(spark) > noted
     assert table_version(spark, name) == 3
     saved = tmp_path / "saved"  # the table's folder copied back to a version read, then written again
-    location = spark.sql(f"DESCRIBE DETAIL {name}").first()["location"].removeprefix("file:")  # type: ignore[index]
-    shutil.copytree(location, saved)
+    folder = location(spark, name)
+    shutil.copytree(folder, saved)
     appended_row = (*ROWS[0][:5], ROWS[1][5] + 2, *ROWS[0][6:])
     spark.createDataFrame([appended_row], to_struct(OFFSET)).write.insertInto(name)
     appended(spark, name, Row(**dict(zip(OFFSET.names, appended_row, strict=True))))
-    shutil.rmtree(location)
-    shutil.copytree(saved, location)
+    shutil.rmtree(folder)
+    shutil.copytree(saved, folder)
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # type: ignore[union-attr]
     spark.createDataFrame([ROWS[0]], to_struct(OFFSET)).write.insertInto(name)
     assert table_version(spark, name) == 4
@@ -177,6 +177,8 @@ def test_the_latest_row_is_read_once_per_version(spark: SparkSession, config: Co
 
 
 def test_history_is_what_describe_history_says(spark: SparkSession, config: Config) -> None:
+    from jobs.session import jobs_started
+
     name = create_table(spark, config, OFFSET, name="offset_history")
     df = spark.createDataFrame(ROWS, to_struct(OFFSET))
     df.write.insertInto(name)
@@ -185,8 +187,15 @@ def test_history_is_what_describe_history_says(spark: SparkSession, config: Conf
     described = spark.sql(f"DESCRIBE HISTORY {name}").select("version", "operation", "operationParameters")
     for since in range(-1, 4):
         expected = [r.asDict() for r in described.where(F.col("version") > since).collect()]
+        before = jobs_started(spark)
         assert history(spark, name, since) == expected
+        assert jobs_started(spark) == before  # read from the commit files in the driver
     assert [h["operation"] for h in history(spark, name, 0)] == ["OPTIMIZE", "WRITE", "WRITE"]
+    # A commit whose file the log's cleanup removed (its state kept by a checkpoint) is told as unknown.
+    log = spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, location(spark, name))  # type: ignore[union-attr]
+    log.checkpoint()
+    (Path(location(spark, name)) / "_delta_log" / f"{1:020d}.json").unlink()
+    assert [h["operation"] for h in history(spark, name, 0)] == ["OPTIMIZE", "WRITE", None]
 
 
 def test_the_catalog_is_asked_as_spark_asks_it(spark: SparkSession, config: Config) -> None:
@@ -243,3 +252,7 @@ def test_the_proxies_py4j_keeps_in_cycles_are_released(spark: SparkSession) -> N
         assert proxy() is None
     finally:
         gc.enable()
+
+
+def location(spark: SparkSession, table: str) -> str:
+    return spark.sql(f"DESCRIBE DETAIL {table}").first()["location"].removeprefix("file:")  # type: ignore[index]
