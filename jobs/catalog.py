@@ -165,6 +165,7 @@ def history(spark: SparkSession, table: str, since: int) -> list[dict[str, Any]]
 
 
 def _commit(spark: SparkSession, log: Any, version: int) -> dict[str, Any]:
+    """One commit as `history` lists it."""
     jvm: Any = spark._jvm
     delta, conf = jvm.org.apache.spark.sql.delta, log.newDeltaHadoopConf()
     path = delta.util.FileNames.unsafeDeltaFile(log.logPath(), version)
