@@ -159,15 +159,16 @@ def history(spark: SparkSession, table: str, since: int) -> list[dict[str, Any]]
     """The Delta table's commits after version `since`, latest first: version, operation and its parameters,
     as DESCRIBE HISTORY gives them, each read from its commit file in the log: no Spark job, where that query
     runs two. A commit whose file is gone (the log cleaned up) or holds no commit info has operation None."""
-    log, _ = _log(spark, table)
-    latest = int(_snapshot(spark, table).version())
-    return [_commit(spark, log, version) for version in range(latest, since, -1)]
+    snapshot = _snapshot(spark, table)
+    log = snapshot.deltaLog()
+    conf = log.newDeltaHadoopConf()
+    return [_commit(spark, log, conf, version) for version in range(int(snapshot.version()), since, -1)]
 
 
-def _commit(spark: SparkSession, log: Any, version: int) -> dict[str, Any]:
+def _commit(spark: SparkSession, log: Any, conf: Any, version: int) -> dict[str, Any]:
     """One commit as `history` lists it."""
     jvm: Any = spark._jvm
-    delta, conf = jvm.org.apache.spark.sql.delta, log.newDeltaHadoopConf()
+    delta = jvm.org.apache.spark.sql.delta
     path = delta.util.FileNames.unsafeDeltaFile(log.logPath(), version)
     info = (
         delta.DeltaHistoryManager.getCommitInfoOpt(log.store(), path, conf)
