@@ -74,7 +74,16 @@ from schemas.spark import to_struct
 from transforms.anomalies import OFFSET_KEY, offset_commits, offset_regressions, transaction_anomalies
 from transforms.consumers import GROUP_TYPES, Refusals, group_anomalies, refusals
 from transforms.deliveries import change_sign, changing, counted, deliveries, wanted
-from transforms.frames import change_counts, differing, kept, kept_with_ranges, row_count, union_all, within
+from transforms.frames import (
+    change_counts,
+    differing,
+    folds_empty,
+    kept,
+    kept_with_ranges,
+    row_count,
+    union_all,
+    within,
+)
 from transforms.lifecycle import (
     DISCARD_TOPIC,
     ID,
@@ -457,8 +466,11 @@ def refused_by_filters(snapshots: DataFrame, commits: DataFrame, real: DataFrame
 
 def snapshots_up_to(frames: dict[str, DataFrame], as_of: int) -> DataFrame:
     """The consumer snapshots up to `as_of`, checkpointed: they are small, and the group rules read them
-    in a dozen places (from the Delta table, that took twice as long)."""
-    return frames["consumer"].transform(up_to(as_of, SNAPSHOT_TIME)).localCheckpoint()
+    in a dozen places (from the Delta table, that took twice as long). Without any (a warehouse that collects
+    no consumer groups) they stay the empty relation Spark folds away: checkpointed, every plan reading them
+    broadcast them, a Spark job each."""
+    snapshots = frames["consumer"].transform(up_to(as_of, SNAPSHOT_TIME))
+    return snapshots if folds_empty(snapshots) else snapshots.localCheckpoint()
 
 
 def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, rules: Rules, reason: str) -> Written:
@@ -512,7 +524,9 @@ def incremental(
         commits_then = _as_left(spark, config, OFFSET_COMMITS, last).localCheckpoint()
         snapshots = snapshots_up_to(bronze.frames, as_of)
         commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).localCheckpoint()
-        untouched = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti")
+        # Kept: the group rules, the refusals, the wants and the deliveries read every commit, and each read would
+        # broadcast the touched queues again to leave them out.
+        untouched = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti").localCheckpoint()
         every_commit = union_all([untouched.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
         snapshotted = not snapshots.isEmpty()
         refused = refused_by_filters(snapshots, every_commit, real, snapshotted)
@@ -572,7 +586,7 @@ def incremental(
         # The plan reads the recomputed transactions' halves and messages several times: kept, each table is
         # scanned once for them.
         half_k, real_k = (kept(df.join(F.broadcast(keys), on=ID, how="left_semi"))[0] for df in (half, real))
-        life, seen = kept(facts_of(keys, half_k, op, real_k).transform(lifecycle(as_of, rules)),
+        life, seen = kept(facts_of(half_k, op, real_k).transform(lifecycle(as_of, rules)),
                           F.min("born_ts").alias("born"))  # fmt: skip
         stored = current.alias("t").where(born_since(seen["born"]))
         changed, counts = kept(differing(life.select(*TXN_LIFECYCLE.names), stored, ID), *change_counts("born_ts"))

@@ -99,6 +99,13 @@ def within(df: DataFrame, bounds: Mapping[str, tuple[Any, Any]]) -> DataFrame:
                                      F.lit(True)))  # fmt: skip
 
 
+def folds_empty(df: DataFrame) -> bool:
+    """Whether Spark's optimizer reduces `df` to a relation without rows (a table without rows is read as one):
+    its part of a plan runs no job. Checkpointed, it would be an RDD every plan using it reads or broadcasts."""
+    plan = df._jdf.queryExecution().optimizedPlan()
+    return bool(plan.getClass().getSimpleName() == "LocalRelation" and plan.data().isEmpty())
+
+
 def detail_json(detail: Column) -> Column:
     """A detail struct as a JSON object, null fields included (a null says something here)."""
     return F.to_json(detail, {"ignoreNullFields": "false"})

@@ -55,11 +55,10 @@ def touched_queues(new_offset: DataFrame) -> DataFrame:
     return new_offset.select(*OFFSET_KEY).distinct()
 
 
-def facts_of(keys: DataFrame, half_df: DataFrame, op_df: DataFrame, real_df: DataFrame) -> DataFrame:
-    """`facts` of the transactions in `keys` only, from the whole bronze tables: the ops are cut down to
-    the offsets of those transactions' copies before they are reduced."""
-    half_k = half_df.join(F.broadcast(keys), on=ID, how="left_semi")
+def facts_of(half_k: DataFrame, op_df: DataFrame, real_k: DataFrame) -> DataFrame:
+    """`facts` of the transactions whose halves are `half_k` and whose messages are `real_k` (looked up by key
+    already), from the whole op table: the ops are cut down to the offsets of those halves' copies before they
+    are reduced."""
     needed = copy_lookups(half_k).select(*LOOKUP).distinct()
     resolved = earliest(op_offsets(op_df).join(F.broadcast(needed), on=LOOKUP, how="left_semi"))
-    real_k = real_df.join(F.broadcast(keys), on=ID, how="left_semi")
     return facts(half_k, resolutions(half_k, resolved), real_k)
