@@ -525,7 +525,8 @@ def incremental(
         snapshots = snapshots_up_to(bronze.frames, as_of)
         commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).localCheckpoint()
         # Kept: the group rules, the refusals, the wants and the deliveries read every commit, and each read would
-        # broadcast the touched queues again to leave them out.
+        # broadcast the touched queues again to leave them out. (The union itself, checkpointed, fails in Spark's
+        # optimizer: "key not found" as the Union rewrites its children's constraints.)
         untouched = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti").localCheckpoint()
         every_commit = union_all([untouched.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
         snapshotted = not snapshots.isEmpty()

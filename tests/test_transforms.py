@@ -8,7 +8,10 @@ from typing import Any
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
+from jobs.reconcile import snapshots_up_to
+from jobs.session import jobs_started
 from schemas.landing import HALF_TOPIC, OP_TOPIC, ROCKSDB_HALF_TOPIC, ROCKSDB_OP_TOPIC
 from transforms.anomalies import (
     Finding,
@@ -22,7 +25,7 @@ from transforms.anomalies import (
     rechecked_after_resolution,
     stuck_half,
 )
-from transforms.frames import kept_with_ranges, kept_with_size, ranges, within
+from transforms.frames import folds_empty, kept_with_ranges, kept_with_size, ranges, within
 from transforms.lifecycle import Rules, facts, lifecycle, listed_copies, resolutions, resolved_offsets
 from transforms.scope import touched_transactions
 from transforms.trace import answered
@@ -343,3 +346,18 @@ def test_within_the_ranges_of_some_keys_a_join_on_them_keeps_the_same_rows(spark
     nothing = ranges(keys.where("queue_offset < 0"), key)
     assert nothing == dict.fromkeys(key, (None, None)) == kept_with_ranges(keys.where("queue_offset < 0"), key)[1]
     assert within(table, nothing).count() == 0
+
+
+def test_snapshots_that_are_none_stay_the_empty_relation_and_run_no_job(spark: SparkSession) -> None:
+    """`folds_empty` tells a frame Spark plans as no rows; `snapshots_up_to` keeps such snapshots as they are
+    (checkpointed, every plan reading them broadcast them) and checkpoints any others."""
+    stored = spark.createDataFrame([("g", 5), ("g", 50)], "consumer_group string, snapshot_ts long")
+    assert folds_empty(stored.limit(0)) and folds_empty(stored.where(F.lit(False)))
+    assert not folds_empty(stored) and not folds_empty(stored.where("snapshot_ts > 100"))  # no rows, unplanned
+    none = snapshots_up_to({"consumer": stored.limit(0)}, 10)
+    before = jobs_started(spark)
+    assert none.join(F.broadcast(none.groupBy("consumer_group").count()), "consumer_group").collect() == []
+    assert folds_empty(none) and jobs_started(spark) == before
+    some = snapshots_up_to({"consumer": stored}, 10)
+    assert not folds_empty(some) and [tuple(r) for r in some.collect()] == [("g", 5)]
+    assert "LogicalRDD" in some._jdf.queryExecution().optimizedPlan().toString()  # checkpointed
