@@ -25,6 +25,7 @@ from jobs.catalog import (
     table_version,
 )
 from jobs.config import Config
+from jobs.session import jobs_started
 from schemas import OFFSET
 from schemas.spark import to_struct
 
@@ -120,7 +121,6 @@ def test_unknown_table_is_one_line_and_exit_2(
 
 def test_a_table_without_rows_is_told_apart_without_a_spark_job(spark: SparkSession, config: Config) -> None:
     from jobs.reconcile import _pinned
-    from jobs.session import jobs_started
 
     name = create_table(spark, config, OFFSET, name="offset_emptiness")
     before = jobs_started(spark)
@@ -138,8 +138,6 @@ def test_a_table_without_rows_is_told_apart_without_a_spark_job(spark: SparkSess
 def test_the_latest_row_is_read_once_per_version(spark: SparkSession, config: Config, tmp_path: Path) -> None:
     """A run table's latest row is queried when the table is at a version not seen before, and known without a
     Spark job when it is as it was last read, or as `appended` left it; a table made again is read again."""
-    from jobs.session import jobs_started
-
     name = create_table(spark, config, OFFSET, name="offset_latest")
     order = "commit_timestamp"
     assert latest_row(spark, name, order) is None
@@ -177,8 +175,6 @@ def test_the_latest_row_is_read_once_per_version(spark: SparkSession, config: Co
 
 
 def test_history_is_what_describe_history_says(spark: SparkSession, config: Config) -> None:
-    from jobs.session import jobs_started
-
     name = create_table(spark, config, OFFSET, name="offset_history")
     df = spark.createDataFrame(ROWS, to_struct(OFFSET))
     df.write.insertInto(name)
