@@ -20,14 +20,16 @@ TEST_DEFAULTS = REPO / "tests" / "spark-conf" / "spark-defaults.conf"
 os.environ.setdefault("SPARK_CONF_DIR", str(TEST_DEFAULTS.parent))
 
 
-# The files that take minutes, longest first (measured on 2 cores). xdist hands whole files out in
-# collection order (`make test` turns off its reordering by test count), so both workers finish
-# together instead of one running the longest file alone at the end.
-# The two real-broker files are kept apart: both scenarios wait on timings a starved machine stretches.
-SLOWEST_FIRST = ("test_main_job.py", "test_outputs.py", "test_serve.py", "test_incremental.py", "test_reconcile.py",
-                 "test_cluster.py", "test_real_broker.py", "test_ingest.py", "test_rocketmq_versions.py",
-                 "test_ingest_kill.py", "test_real_groups.py", "test_collect.py", "test_metastore.py",
-                 "test_quality.py", "test_transforms.py", "test_consumer_rules.py")  # fmt: skip
+# The files that take minutes, longest first (their times in full suite runs on 2 cores). xdist hands whole
+# files out in collection order (`make test` turns off its reordering by test count), each worker taking the
+# next file as it nears the end of its own, so both workers finish together instead of one running a long file
+# alone at the end. The two real-broker scenario files are kept apart: both wait on timings a starved machine
+# stretches.
+SLOWEST_FIRST = ("test_serve.py", "test_outputs.py", "test_main_job.py", "test_rocketmq_versions.py", "test_quality.py",
+                 "test_reconcile.py", "test_cluster.py", "test_consumer_rules.py", "test_incremental.py",
+                 "test_real_broker.py", "test_ingest.py", "test_real_cluster.py", "test_ingest_kill.py",
+                 "test_real_groups.py", "test_collect.py", "test_optional_fields.py", "test_metastore.py",
+                 "test_fuzz.py", "test_transforms.py")  # fmt: skip
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
