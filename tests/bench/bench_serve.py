@@ -12,16 +12,16 @@ last event; then `txn-recon serve` starts on it with a cycle every 5 s. Its firs
 to ingest but, after a start, runs every step once, reconciling that last second incrementally (a reconcile
 with nothing new at all would compute nothing); then the warm parts land one per cycle, as a cluster in
 steady traffic brings them, so that the measured cycle runs code the JVM has compiled, as a service's do;
-then `tail` lands and the next cycle brings it in: N transactions are reconciled when it starts. Printed:
-the warm cycles' seconds, then that cycle's status, seconds per step and Spark jobs from serve's own line (the
-metrics' reading of the tables included; collect excluded: nothing to collect here), and the peak resident
-memory of serve's process tree; serve's log is kept in artifacts/bench-logs. Then, on the same warehouse,
-the floor of that cycle (`tests.bench.floor cycle`): what Delta alone takes, warm, to write and read the
-rows the cycle wrote, with no rule, expectation or dashboard, and the same with the outputs appended
-instead of merged; its steps are kept beside serve's log. The last line puts the sizes side by side, "cycle
-ratio 1M/10k X (floor R); cycle/floor Y; jobs Z (floor F)": the cycle on the largest warehouse over the same
-on the smallest (and the same ratio of their floors), and the largest cycle/floor and job count of any size
-(and the most its floor ran). A benchmark, not a test: nothing asserts on time.
+then `tail` lands and the next cycle brings it in: N transactions are reconciled when it starts. Printed: the warm
+cycles' seconds, then that cycle's status, how it reconciled (incremental, else the bench exits 1 at its end),
+seconds per step and Spark jobs from serve's own line (the metrics' reading of the tables included; collect
+excluded: nothing to collect here), and the peak resident memory of serve's process tree; serve's log is kept in
+artifacts/bench-logs. Then, on the same warehouse, the floor of that cycle (`tests.bench.floor cycle`): what Delta
+alone takes, warm, to write and read the rows the cycle wrote, with no rule, expectation or dashboard, and the same
+with the outputs appended instead of merged; its steps are kept beside serve's log. The last line puts the sizes
+side by side, "cycle ratio 1M/10k X (floor R); cycle/floor Y; jobs Z (floor F)": the cycle on the largest warehouse
+over the same on the smallest (and the same ratio of their floors), and the largest cycle/floor and job count of
+any size (and the most its floor ran). A benchmark, not a test: nothing asserts on time.
 """
 
 from __future__ import annotations
@@ -141,6 +141,14 @@ def bring(part: Path, landing: Path, log: Path, proc: subprocess.Popen[bytes], p
     return new
 
 
+def reconciled(log: Path, m: re.Match[str]) -> str:
+    """How the cycle of line `m` reconciled (full, incremental or unchanged), from its reconcile's last line
+    before the next step's."""
+    step = rf"cycle {m[1]}: reconcile\n(?:(?!cycle \d+: ).)*?reconcile done: (\w+),"
+    found = re.search(step, log.read_text(errors="replace"), re.S)
+    return found[1] if found else "not at all"
+
+
 def _status(m: re.Match[str]) -> str:
     """ok, idle, or failed with serve's reason: a failed cycle's seconds are not a cycle's."""
     return m[2] if m[2] != "failed" else f"FAILED ({m[4].partition('; ')[2].strip()})"
@@ -186,6 +194,7 @@ def main() -> int:
     sizes = [int(n) for n in os.environ.get("BENCH_TRANSACTIONS", "10000 1000000").split()]
     # size -> the cycle's seconds, its floor's, the cycle's Spark jobs, its floor's
     measured: dict[int, tuple[float, float, int, int]] = {}
+    modes: dict[int, str] = {}  # size -> how the measured cycle reconciled
     for n in sizes:
         start, warm_parts, tail = landing_for(n)
         with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
@@ -209,12 +218,14 @@ def main() -> int:
             proc.wait(600)
             LOGS.mkdir(parents=True, exist_ok=True)
             shutil.copy(log, LOGS / f"serve-{n}.log")  # the cycles' own lines, kept for a figure that surprises
+            modes[n] = reconciled(log, new)
             floor = cycle_floor(warehouse, LOGS / f"floor-{n}.log")
             print(f"serve on {n:,} reconciled transactions (made by ingest {ingest_s:.0f} s, reconcile "
                   f"{reconcile_s:.0f} s; its log: {LOGS / f'serve-{n}.log'}):\n  warm-up cycle {_status(warm)}: "
                   f"{_steps(warm)}\n  the {len(warm_parts)} cycles after it, each bringing the arrivals of "
                   f"{NEW_TRANSACTIONS:,} transactions: {', '.join(f'{_seconds(m):.1f} s' for m in brought[:-1])}\n  "
-                  f"the cycle that brought {int(new[3]):,} new records {_status(new)}: {_steps(new)}\n  peak RSS of "
+                  f"the cycle that brought {int(new[3]):,} new records {_status(new)}, reconciled {modes[n]}: "
+                  f"{_steps(new)}\n  peak RSS of "
                   f"serve's process tree {peak[0] // 1024:,} MiB\n  the floor of that "
                   f"cycle, Delta alone writing and reading its rows: {floor.merged_s:.1f} s, {floor.merged_jobs} "
                   f"Spark jobs; with the outputs appended instead of merged {floor.appended_s:.1f} s, "
@@ -222,6 +233,12 @@ def main() -> int:
                   flush=True)  # fmt: skip
             measured[n] = (_seconds(new), floor.merged_s, int(_jobs(new)[1]), floor.merged_jobs)
     print(ratios(measured), flush=True)
+    # A failing incremental plan falls back to a full run (always safe) with a warning: its figures are not those
+    # of the cycle this benchmark measures.
+    others = {n: mode for n, mode in modes.items() if mode != "incremental"}
+    if others:
+        print(f"bench-serve: the measured cycle did not reconcile incrementally: {others}", file=sys.stderr)
+        return 1
     return 0
 
 
