@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from jobs import ingest, quality, reconcile, report, score, simulate
+from jobs.catalog import tables_in
 from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.lock import warehouse_lock
@@ -66,19 +67,22 @@ def reset_for(spark: SparkSession, config: Config, landing: Path) -> None:
     database = config.database
     if not spark.catalog.databaseExists(database):
         return
-    tables = spark.catalog.listTables(database)
-    if not tables:
+    # Listed by name (SHOW TABLES, SHOW VIEWS): Catalog.listTables loads every Delta table it lists, 15 s for
+    # the 21 of a demo's warehouse against 1 s.
+    names = tables_in(spark, database)
+    if not names:
         return
     inside = str(landing.resolve()) + os.sep
     if (
-        not any(t.name == "ingest_files" for t in tables)
+        "ingest_files" not in names
         or spark.table(config.table("ingest_files")).where(~F.col("path").startswith(inside)).limit(1).count()
     ):
         raise TxnReconError(f"database {database} in {config.warehouse} holds more than demo's simulations in "
                             f"{landing}; run demo with a warehouse of its own (--warehouse DIR)")  # fmt: skip
-    log.info("demo: the database holds an earlier simulation of %s; its %d tables are dropped", landing, len(tables))
-    for t in tables:
-        spark.sql(f"DROP {'VIEW' if t.tableType == 'VIEW' else 'TABLE'} {config.table(t.name)}")
+    views = {r["viewName"] for r in spark.sql(f"SHOW VIEWS IN {database}").collect() if not r["isTemporary"]}
+    log.info("demo: the database holds an earlier simulation of %s; its %d tables are dropped", landing, len(names))
+    for name in sorted(names):
+        spark.sql(f"DROP {'VIEW' if name in views else 'TABLE'} {config.table(name)}")
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
