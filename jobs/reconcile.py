@@ -599,7 +599,9 @@ def incremental(
         # The consumption trace's findings are compared with the deliveries this run merges, so that with such a
         # trace the anomalies wait for the deliveries; one merge writes every finding, so that a reader sees the
         # anomalies as they were before a run or after it, never in between.
-        if trace.where(F.col("trace_type").isin("SubBefore", "SubAfter")).limit(1).count() > 0:
+        # Asked of Spark only when there is a trace: a query on the empty relation of none still runs a job.
+        consumed = trace.where(F.col("trace_type").isin("SubBefore", "SubAfter"))
+        if not folds_empty(consumed) and consumed.limit(1).count() > 0:
             delivered.result()
             found.append(consumption(trace, real, spark.table(config.table(DELIVERIES.name)), q.whole, as_of))
         merge_anomalies(spark, config, union_all(found), scope=keys)
@@ -743,10 +745,10 @@ def merge_anomalies(spark: SparkSession, config: Config, found: DataFrame, scope
     try:
         existing = spark.table(table)
         recomputed_whole = F.col("anomaly_type").isin(*WHOLE_TYPES) | _consumption()
-        in_scope = union_all([
-            existing.where(~recomputed_whole).join(F.broadcast(scope), on=ID, how="left_semi"),
-            existing.where(recomputed_whole),
-        ])  # fmt: skip
+        # The findings read once (each scan of the table costs Delta a file listing, a Spark job): those of the
+        # recomputed transactions are marked by their keys, which are distinct.
+        marked = existing.join(F.broadcast(scope.select(*ID, F.lit(True).alias("_scoped"))), on=ID, how="left")
+        in_scope = marked.where(recomputed_whole | F.col("_scoped").isNotNull()).drop("_scoped")
         gone = in_scope.join(found.select("anomaly_id"), on="anomaly_id", how="left_anti")
         source = found.withColumn("_gone", F.lit(False)).unionByName(gone.withColumn("_gone", F.lit(True)))
         (

@@ -114,10 +114,12 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     life = t["txn_lifecycle"].select(*LIFECYCLE_CHARTED)
     # Anomalies are few next to transactions: keep them, with their transaction's group and topic, in memory. The
     # lifecycle is first cut down to the transactions with a finding, streamed past their keys: joined whole, every
-    # transaction was shuffled to meet a few thousand findings.
-    named = t["anomalies"].where(F.col("uniq_key").isNotNull()).select(*ID)
+    # transaction was shuffled to meet a few thousand findings. The findings are read once for both (each scan of
+    # the table costs Delta a file listing, a Spark job).
+    found = t["anomalies"].persist()
+    named = found.where(F.col("uniq_key").isNotNull()).select(*ID)
     txn = t["txn_lifecycle"].select(*ID, "producer_group", "real_topic", "state").join(named, on=ID, how="left_semi")
-    keyed = t["anomalies"].join(txn, on=ID, how="left").persist()
+    keyed = found.join(txn, on=ID, how="left").persist()
     try:
         op_lag, lifecycle_figures, states = _lifecycle_charts(life, as_of)
         anomalies_span, sums = _keyed_pass(keyed)
@@ -142,6 +144,7 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
         data |= _brokers(spark, config, data["anomaly_counts"], listed)
     finally:
         keyed.unpersist()
+        found.unpersist()
     data["ingest_runs"] = _ingest_runs(t.get("ingest_runs"))
     data["reconcile_runs"] = reconcile_runs
     data["collect_runs"] = _collect_runs(t.get("collect_runs"))
