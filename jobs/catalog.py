@@ -87,27 +87,6 @@ def table_identity(spark: SparkSession, table: str) -> tuple[str, int]:
     return table_id, version
 
 
-def latest_row(spark: SparkSession, table: str, order: str) -> Row | None:
-    """The row of a run table (one row appended per run) with the greatest `order`; None when it has none.
-    Without a Spark job when the table is as this process last read it or `appended` to it: a service reads
-    the latest reconcile and quality runs every cycle (some five jobs and half a second each), and it wrote
-    the latest itself."""
-    state = table_commit(spark, table)
-    known = _LATEST.get(table)
-    if known is not None and known[0] == state:
-        return known[1]
-    pinned = spark.sql(f"SELECT * FROM {table} VERSION AS OF {state[1]}")
-    rows = pinned.orderBy(F.desc(order)).limit(1).collect()
-    _LATEST[table] = (state, rows[0] if rows else None)
-    return rows[0] if rows else None
-
-
-def appended(spark: SparkSession, table: str, row: Row) -> None:
-    """Note `row` as the latest of `table`: the caller appended it with the table's latest commit, holding
-    the warehouse (no other writer)."""
-    _LATEST[table] = (table_commit(spark, table), row)
-
-
 def table_commit(spark: SparkSession, table: str) -> tuple[str, int, int]:
     """The table's id, version and that version's commit time: a version's rows never change, and a table
     copied back to an earlier version and written again reaches the same version by another commit."""
@@ -115,8 +94,41 @@ def table_commit(spark: SparkSession, table: str) -> tuple[str, int, int]:
     return str(snapshot.metadata().id()), int(snapshot.version()), int(snapshot.timestamp())
 
 
-# A run table -> (its latest commit, `_commit`, and its latest row then).
-_LATEST: dict[str, tuple[tuple[str, int, int], Row | None]] = {}
+# A run table -> (its latest commit, `table_commit`; the column its rows are ordered by; how many of the rows with
+# the greatest values there were asked for, and those rows, greatest first: all of the table's when it held fewer).
+_LATEST: dict[str, tuple[tuple[str, int, int], str, int, list[Row]]] = {}
+
+
+def latest_rows(spark: SparkSession, table: str, order: str, n: int) -> list[Row]:
+    """The `n` rows of a run table (rows appended per run) with the greatest `order`, greatest first. Without a
+    Spark job when the table is as this process last read it or `appended` to it: a service reads the latest
+    reconcile and quality runs every cycle, and its dashboard lists the latest runs (some three to five jobs and
+    half a second each), and it wrote the latest itself."""
+    state = table_commit(spark, table)
+    known = _LATEST.get(table)
+    if known is not None and known[:2] == (state, order) and (known[2] >= n or len(known[3]) < known[2]):
+        return known[3][:n]
+    pinned = spark.sql(f"SELECT * FROM {table} VERSION AS OF {state[1]}")
+    rows = pinned.orderBy(F.desc(order)).limit(n).collect()
+    _LATEST[table] = (state, order, n, rows)
+    return rows
+
+
+def latest_row(spark: SparkSession, table: str, order: str) -> Row | None:
+    """The row of a run table with the greatest `order` (`latest_rows`); None when it has none."""
+    rows = latest_rows(spark, table, order, 1)
+    return rows[0] if rows else None
+
+
+def appended(spark: SparkSession, table: str, rows: list[Row], order: str) -> None:
+    """Note `rows`, which the caller appended with the table's latest commit holding the warehouse (no other
+    writer), among the latest rows of `table` by `order` known at the commit before: they stay known with them.
+    Known at an earlier commit or by another order, they are not known any more."""
+    state = table_commit(spark, table)
+    known = _LATEST.pop(table, None)
+    if known is not None and known[1] == order and known[0][0] == state[0] and known[0][1] == state[1] - 1:
+        latest = sorted([*rows, *known[3]], key=lambda r: r[order], reverse=True)
+        _LATEST[table] = (state, order, known[2], latest[: known[2]])
 
 
 def may_have_rows(spark: SparkSession, table: str, version: int | None = None) -> bool:

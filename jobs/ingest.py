@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.catalog import add_new_fields, create_table, may_have_rows, tables_in
+from jobs.catalog import add_new_fields, appended, create_table, may_have_rows, tables_in
 from jobs.config import Config
 from jobs.errors import EngineError, TxnReconError, first_line, is_unreadable_file
 from jobs.lock import warehouse_lock
@@ -425,9 +425,9 @@ def record_run(spark: SparkSession, config: Config, run_id: str, tallies: dict[s
          t.duplicates, t.quarantined)
         for s, t in tallies.items()
     ]  # fmt: skip
-    spark.createDataFrame(rows, to_struct(INGEST_RUNS)).write.format("delta").mode("append").saveAsTable(
-        config.table(INGEST_RUNS.name)
-    )
+    table = config.table(INGEST_RUNS.name)
+    spark.createDataFrame(rows, to_struct(INGEST_RUNS)).write.format("delta").mode("append").saveAsTable(table)
+    appended(spark, table, [Row(**dict(zip(INGEST_RUNS.names, r, strict=True))) for r in rows], "finished_at")
 
 
 def land_collect_runs(spark: SparkSession, config: Config, landing: Path, run_id: str) -> int:

@@ -598,7 +598,7 @@ def _record_run(
            None if totals is None else json.dumps(totals, sort_keys=True))  # fmt: skip
     spark.createDataFrame([row], to_struct(QUALITY_RUNS)).write.insertInto(table)
     recorded = dict(zip(QUALITY_RUNS.names, row, strict=True))
-    appended(spark, table, Row(**recorded))
+    appended(spark, table, [Row(**recorded)], "finished_at")
     return recorded
 
 

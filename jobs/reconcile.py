@@ -782,7 +782,7 @@ def record_run(
     }  # fmt: skip
     table = config.table(RECONCILE_RUNS.name)
     spark.createDataFrame([row], to_struct(RECONCILE_RUNS)).write.format("delta").mode("append").saveAsTable(table)
-    appended(spark, table, Row(**{c: row.get(c) for c in RECONCILE_RUNS.names}))
+    appended(spark, table, [Row(**{c: row.get(c) for c in RECONCILE_RUNS.names})], "finished_at")
 
 
 def summary(counts: dict[str, int]) -> str:

@@ -18,17 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
 from dashboard import page
 from dashboard.charts import bucket_ms
 from jobs import quality
-from jobs.catalog import may_have_rows, table_exists
+from jobs.catalog import latest_rows, may_have_rows, table_exists
 from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.lock import warehouse_lock
 from jobs.session import build_session
+from schemas import LANDING
 from schemas.quality import DELIVERY_STATUSES
 from transforms.consumers import holders, islands, snapshots, subscription_text
 from transforms.frames import kept_with_ranges, within
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 
 Span = tuple[Any, Any]  # the least and greatest time of some rows (None, None: no rows with a time)
 ROWS = 500  # rows per table on the page; the header says when there are more
+LATEST_RUNS = 50  # runs listed per kind of run, the latest first
+INGEST_SUMS = ("files", "files_failed", "records_read", "inserted", "duplicates", "quarantined")  # per run
 # The lifecycle's columns the states' chart and the op lag read.
 LIFECYCLE_CHARTED = ("state", "born_ts", "first_copy_ts", "first_commit_ts", "resolved_ts")
 PENDING_AGES = {"1m": 60_000, "10m": 600_000, "1h": 3_600_000, "1d": 86_400_000}  # metric label: at least this old
@@ -109,7 +112,7 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     # consumer groups or trace has several such) found nothing and cost Spark jobs.
     t = {n: df for n, df in t.items() if n in needed or may_have_rows(spark, config.table(n))}
     # The latest run first: its as_of is the data time of every table here.
-    reconcile_runs = _reconcile_runs(t.get("reconcile_runs"))
+    reconcile_runs = _reconcile_runs(spark, config.table("reconcile_runs")) if "reconcile_runs" in t else []
     as_of = reconcile_runs[0]["as_of"] if reconcile_runs else None
     life = t["txn_lifecycle"].select(*LIFECYCLE_CHARTED)
     # Anomalies are few next to transactions: keep them, with their transaction's group and topic, in memory. The
@@ -145,7 +148,7 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     finally:
         keyed.unpersist()
         found.unpersist()
-    data["ingest_runs"] = _ingest_runs(t.get("ingest_runs"))
+    data["ingest_runs"] = _ingest_runs(spark, config.table("ingest_runs")) if "ingest_runs" in t else []
     data["reconcile_runs"] = reconcile_runs
     data["collect_runs"] = _collect_runs(t.get("collect_runs"))
     data |= _groups(t.get("consumer_events"))
@@ -593,26 +596,29 @@ def _age_bins(stuck: DataFrame) -> list[tuple[str, int]]:
     return [(name, found.get(name, 0)) for _, name in STUCK_AGE_BINS]
 
 
-def _ingest_runs(runs: DataFrame | None) -> list[dict[str, Any]]:
-    if runs is None:
-        return []
-    per_run = runs.groupBy("run_id").agg(
-        F.min("started_at").alias("started_at"), F.max("finished_at").alias("finished_at"),
-        F.sum("files").alias("files"), F.sum("files_failed").alias("files_failed"),
-        F.sum("records_read").alias("records_read"), F.sum("inserted").alias("inserted"),
-        F.sum("duplicates").alias("duplicates"), F.sum("quarantined").alias("quarantined"),
-    )  # fmt: skip
-    return [r.asDict() for r in per_run.orderBy(F.desc("started_at")).limit(50).collect()]
+def _ingest_runs(spark: SparkSession, table: str) -> list[dict[str, Any]]:
+    """The latest ingest runs, their rows (one per stream) summed. A run's rows share its finish time and runs
+    follow one another, so the latest rows, as many as the latest runs can hold, hold all of theirs; an older
+    run among them may be there in part, and is left out. A service knows them from the cycle before and the run
+    it appended (`jobs.catalog.latest_rows`)."""
+    rows: dict[str, list[Row]] = {}
+    for r in latest_rows(spark, table, "finished_at", LATEST_RUNS * len(LANDING)):
+        rows.setdefault(r["run_id"], []).append(r)
+    runs = [
+        {"run_id": run, "started_at": min(r["started_at"] for r in theirs),
+         "finished_at": max(r["finished_at"] for r in theirs), **{c: sum(r[c] for r in theirs) for c in INGEST_SUMS}}
+        for run, theirs in rows.items()
+    ]  # fmt: skip
+    latest = sorted(runs, key=lambda run: run["finished_at"], reverse=True)[:LATEST_RUNS]
+    return sorted(latest, key=lambda run: run["started_at"], reverse=True)
 
 
-def _reconcile_runs(runs: DataFrame | None) -> list[dict[str, Any]]:
-    """The latest reconcile runs: full or incremental (and why full), what they computed, how long."""
-    if runs is None:
-        return []
-    seconds = F.round(F.unix_micros("finished_at") / 1e6 - F.unix_micros("started_at") / 1e6, 1)
-    latest = runs.orderBy(F.desc("finished_at")).limit(50)
+def _reconcile_runs(spark: SparkSession, table: str) -> list[dict[str, Any]]:
+    """The latest reconcile runs: full or incremental (and why full), what they computed, how long. A service
+    knows them from the cycle before and the run it appended (`jobs.catalog.latest_rows`)."""
     columns = ["finished_at", "mode", "reason", "as_of", "transactions", "queues"]
-    return [r.asDict() for r in latest.select(*columns, seconds.alias("seconds")).collect()]
+    return [{**{c: r[c] for c in columns}, "seconds": round((r["finished_at"] - r["started_at"]).total_seconds(), 1)}
+            for r in latest_rows(spark, table, "finished_at", LATEST_RUNS)]  # fmt: skip
 
 
 def _collect_runs(runs: DataFrame | None) -> list[dict[str, Any]]:
@@ -621,7 +627,7 @@ def _collect_runs(runs: DataFrame | None) -> list[dict[str, Any]]:
         return []
     columns = ["finished_at", "broker_name", "status", "half", "op", "real", "discarded", "offset_records",
                "check_backlog", "op_backlog"]  # fmt: skip
-    latest = runs.orderBy(F.desc("finished_at"), "broker_name").limit(50)
+    latest = runs.orderBy(F.desc("finished_at"), "broker_name").limit(LATEST_RUNS)
     errors = F.array_join("errors", "; ").alias("errors")
     return [r.asDict() for r in latest.select(*columns, errors).collect()]
 

@@ -19,6 +19,7 @@ from jobs.catalog import (
     ensure_view,
     history,
     latest_row,
+    latest_rows,
     may_have_rows,
     table_exists,
     table_schema,
@@ -149,7 +150,7 @@ def test_the_latest_row_is_read_once_per_version(spark: SparkSession, config: Co
     assert tuple(latest_row(spark, name, order) or ()) == ROWS[1] and jobs_started(spark) == read
     newer = (*ROWS[0][:5], ROWS[1][5] + 1, *ROWS[0][6:])
     spark.createDataFrame([newer], to_struct(OFFSET)).write.insertInto(name)
-    appended(spark, name, Row(**dict(zip(OFFSET.names, newer, strict=True))))
+    appended(spark, name, [Row(**dict(zip(OFFSET.names, newer, strict=True)))], order)
     noted = jobs_started(spark)
     assert tuple(latest_row(spark, name, order) or ()) == newer and jobs_started(spark) == noted
     spark.createDataFrame([ROWS[0]], to_struct(OFFSET)).write.insertInto(name)  # written elsewhere: read again
@@ -160,7 +161,7 @@ def test_the_latest_row_is_read_once_per_version(spark: SparkSession, config: Co
     shutil.copytree(folder, saved)
     appended_row = (*ROWS[0][:5], ROWS[1][5] + 2, *ROWS[0][6:])
     spark.createDataFrame([appended_row], to_struct(OFFSET)).write.insertInto(name)
-    appended(spark, name, Row(**dict(zip(OFFSET.names, appended_row, strict=True))))
+    appended(spark, name, [Row(**dict(zip(OFFSET.names, appended_row, strict=True)))], order)
     shutil.rmtree(folder)
     shutil.copytree(saved, folder)
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # type: ignore[union-attr]
@@ -172,6 +173,33 @@ def test_the_latest_row_is_read_once_per_version(spark: SparkSession, config: Co
     for _ in range(table_version(spark, name), 4):
         spark.createDataFrame([ROWS[0]], to_struct(OFFSET)).write.insertInto(name)
     assert tuple(latest_row(spark, name, order) or ()) == ROWS[0]
+
+
+def test_the_latest_rows_stay_known_behind_a_row_appended(spark: SparkSession, config: Config) -> None:
+    """The latest rows read once are known, without a Spark job, with each row this process appends at the next
+    commit in front of them; fewer asked for are known too, and more only when the table held fewer."""
+    name = create_table(spark, config, OFFSET, name="offset_recent")
+    order = "commit_timestamp"
+
+    def row(i: int) -> tuple[Any, ...]:
+        return (*ROWS[0][:5], ROWS[0][5] + i, *ROWS[0][6:])
+
+    spark.createDataFrame([row(i) for i in range(3)], to_struct(OFFSET)).write.insertInto(name)
+    assert [r[order] for r in latest_rows(spark, name, order, 5)] == [row(i)[5] for i in (2, 1, 0)]  # all it holds
+    for i in (3, 4, 5):
+        spark.createDataFrame([row(i)], to_struct(OFFSET)).write.insertInto(name)
+        appended(spark, name, [Row(**dict(zip(OFFSET.names, row(i), strict=True)))], order)
+    known = jobs_started(spark)
+    assert [r[order] for r in latest_rows(spark, name, order, 5)] == [row(i)[5] for i in (5, 4, 3, 2, 1)]
+    assert tuple(latest_row(spark, name, order) or ()) == row(5) and jobs_started(spark) == known
+    assert [r[order] for r in latest_rows(spark, name, order, 6)] == [row(i)[5] for i in (5, 4, 3, 2, 1, 0)]
+    assert jobs_started(spark) > known  # six asked of the five known: read again
+    spark.createDataFrame([row(7)], to_struct(OFFSET)).write.insertInto(name)  # written elsewhere
+    spark.createDataFrame([row(6)], to_struct(OFFSET)).write.insertInto(name)
+    appended(spark, name, [Row(**dict(zip(OFFSET.names, row(6), strict=True)))], order)  # two commits after
+    again = jobs_started(spark)
+    assert [r[order] for r in latest_rows(spark, name, order, 2)] == [row(i)[5] for i in (7, 6)]
+    assert jobs_started(spark) > again
 
 
 def test_history_is_what_describe_history_says(spark: SparkSession, config: Config) -> None:

@@ -4,16 +4,25 @@ tables of findings."""
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 from collections import Counter
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dashboard.charts import bucket_ms
-from jobs import report
+from jobs import catalog, report
+from jobs.catalog import create_table
+from jobs.config import Config
+from jobs.ingest import Tally, record_run
 from jobs.report import _listed, _over_time, _over_time_by
+from jobs.session import jobs_started
+from schemas import LANDING
+from schemas.bronze import INGEST_RUNS
+from tests.test_ingest import fresh_db
 
 pytestmark = pytest.mark.spark
 
@@ -133,3 +142,40 @@ def test_the_lifecycle_charts_count_states_and_the_largest_op_lag_per_bucket(spa
     lags, figures, states = report._lifecycle_charts(spark.createDataFrame([], LIFE), AS_OF)
     assert (lags, states) == ({"bucket_ms": 1000, "rows": []}, {"bucket_ms": 1000, "counts": []})
     assert figures == {"op_lag_seconds": {}, "pending": {"1m": 0, "10m": 0, "1h": 0, "1d": 0}}
+
+
+def test_the_latest_ingest_runs_are_what_the_table_sums_and_stay_known_behind_a_run(
+    spark: SparkSession, config: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each run's rows (one per stream) summed, the latest LATEST_RUNS runs by start: as a query over the whole table
+    finds them, when an older run is among the latest rows only in part, and known without a Spark job after a
+    run this process recorded."""
+    monkeypatch.setattr(report, "LATEST_RUNS", 2)  # read: the latest 2 x 8 rows
+    cfg = fresh_db(spark, config, "t_report_runs")
+    table = create_table(spark, cfg, INGEST_RUNS)
+    start = dt.datetime(2026, 12, 1, 12)
+
+    def run(n: int, streams: int) -> None:
+        tallies = {s: Tally(files=n, read=10 * n + i, inserted=10 * n, duplicates=i, started=start + dt.timedelta(
+            minutes=n, seconds=i)) for i, s in enumerate(list(LANDING)[:streams])}  # fmt: skip
+        record_run(spark, cfg, f"run-{n}", tallies)
+
+    def whole_table() -> list[dict[str, Any]]:  # the runs as a query over every row finds them
+        per_run = spark.table(table).groupBy("run_id").agg(
+            F.min("started_at").alias("started_at"), F.max("finished_at").alias("finished_at"),
+            *[F.sum(c).alias(c) for c in report.INGEST_SUMS],
+        )  # fmt: skip
+        return [r.asDict() for r in per_run.orderBy(F.desc("started_at")).limit(2).collect()]
+
+    for n, streams in ((1, 8), (2, 8), (3, 2)):
+        run(n, streams)
+    catalog._LATEST.clear()  # as a process that did not record them finds them
+    assert [r["run_id"] for r in report._ingest_runs(spark, table)] == ["run-3", "run-2"]
+    run(4, 2)  # the latest 16 rows: runs 4, 3 and 2 whole, run 1 in part
+    known = jobs_started(spark)
+    found = report._ingest_runs(spark, table)
+    assert jobs_started(spark) == known
+    assert found == whole_table() and [r["run_id"] for r in found] == ["run-4", "run-3"]
+    assert found[0]["inserted"] == 2 * 40 and found[0]["duplicates"] == 0 + 1
+    catalog._LATEST.clear()
+    assert report._ingest_runs(spark, table) == found
