@@ -28,6 +28,7 @@ from jobs.catalog import latest_rows, may_have_rows, table_exists
 from jobs.config import Config
 from jobs.errors import TxnReconError
 from jobs.lock import warehouse_lock
+from jobs.quality import LATEST_RUNS  # runs listed per kind of run, the latest first, as for quality's
 from jobs.session import build_session
 from schemas import LANDING
 from schemas.quality import DELIVERY_STATUSES
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 
 Span = tuple[Any, Any]  # the least and greatest time of some rows (None, None: no rows with a time)
 ROWS = 500  # rows per table on the page; the header says when there are more
-LATEST_RUNS = 50  # runs listed per kind of run, the latest first
 INGEST_SUMS = ("files", "files_failed", "records_read", "inserted", "duplicates", "quarantined")  # per run
 # The lifecycle's columns the states' chart and the op lag read.
 LIFECYCLE_CHARTED = ("state", "born_ts", "first_copy_ts", "first_commit_ts", "resolved_ts")
