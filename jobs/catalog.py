@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -175,6 +175,62 @@ def history(spark: SparkSession, table: str, since: int) -> list[dict[str, Any]]
     log = snapshot.deltaLog()
     conf = log.newDeltaHadoopConf()
     return [_commit(spark, log, conf, version) for version in range(int(snapshot.version()), since, -1)]
+
+
+# Column types whose statistics Delta stores as their values (a long string's as bounds of it).
+_RANGED = (T.StringType, T.IntegerType, T.LongType, T.ShortType, T.ByteType)
+
+
+def change_ranges(
+    spark: SparkSession, table: str, since: int, version: int, columns: Sequence[str]
+) -> tuple[dict[str, tuple[Any, Any]], int] | None:  # fmt: skip
+    """Ranges of some of `columns` (as `transforms.frames.ranges` gives them) that hold every row the commits
+    after version `since` up to `version`, the current one, added or rewrote (what their change data feed
+    inserts or updates), and a number of rows at least theirs: from the statistics of the files those commits
+    added, read from the log with no Spark job. They are the whole files' ranges (a merge rewrites a file with
+    its other rows), wider than the changed rows' own, which a lookup within them only reads a little more of.
+    A column some file has no statistics on, or of another type than a string or an integer, is left out: any
+    value may be changed there. With no file added, every column has no range, as with no changed row.
+
+    None when the feed of those commits cannot be read (the table does not record change data, or a commit
+    changed its properties or columns), a commit is gone from the log, or `version` is not the current one."""
+    snapshot = _snapshot(spark, table)
+    recording = snapshot.metadata().configuration().get("delta.enableChangeDataFeed")
+    if int(snapshot.version()) != version or not (recording.isDefined() and recording.get().lower() == "true"):
+        return None
+    fields = {f.name: f.dataType for f in table_schema(spark, table).fields}
+    bounded = {c for c in columns if isinstance(fields.get(c), _RANGED)}
+    log, _ = _log(spark, table)
+    conf = log.newDeltaHadoopConf()
+    store, as_java = log.store(), spark._jvm.scala.jdk.javaapi.CollectionConverters.asJava  # type: ignore[union-attr]
+    low: dict[str, Any] = dict.fromkeys(columns)
+    high: dict[str, Any] = dict.fromkeys(columns)
+    rows = 0
+    for v in range(since + 1, version + 1):
+        path = spark._jvm.org.apache.spark.sql.delta.util.FileNames.unsafeDeltaFile(log.logPath(), v)  # type: ignore[union-attr]
+        if not path.getFileSystem(conf).exists(path):
+            return None
+        for line in as_java(store.read(path, conf)):
+            action = json.loads(line)
+            if "metaData" in action:
+                return None
+            add = action.get("add")
+            if add is None or not add.get("dataChange", True):
+                continue  # a compaction's files hold no change
+            stats = json.loads(add.get("stats") or "{}")
+            if "numRecords" not in stats:
+                return None
+            rows += stats["numRecords"]
+            for c in list(bounded):
+                lo, hi = stats.get("minValues", {}).get(c), stats.get("maxValues", {}).get(c)
+                if stats.get("nullCount", {}).get(c) == stats["numRecords"]:
+                    continue  # no value in this file: no bound from it
+                if lo is None or hi is None:
+                    bounded.discard(c)
+                    continue
+                low[c] = lo if low[c] is None else min(low[c], lo)
+                high[c] = hi if high[c] is None else max(high[c], hi)
+    return {c: (low[c], high[c]) for c in columns if c in bounded}, rows
 
 
 def _commit(spark: SparkSession, log: Any, conf: Any, version: int) -> dict[str, Any]:

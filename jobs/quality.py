@@ -37,6 +37,7 @@ from pyspark.sql.utils import AnalysisException
 from jobs.catalog import (
     add_new_fields,
     appended,
+    change_ranges,
     create_table,
     latest_row,
     table_commit,
@@ -286,12 +287,16 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
         return Batch(suite, snapshot, version, "full")
     try:
         changes = _change_feed(spark, table, previous, version)
-        # Read here, once: change data that is missing fails only when it is read, and GE reads a batch often.
+        changed = changes.where(F.col("_change_type").isin("insert", "update_postimage")).drop(*CDF_COLUMNS)
         # Only the rows that can share a key with a changed one are looked at: the table's recent files as a rule.
+        # Their ranges come from the statistics of the files the changes added, in the log; read from the change
+        # data only where those lack them, in a pass that keeps it.
         bounded_by = [*suite.key, *suite.bounded_by]
-        changed, bounds, n = kept_with_size(
-            changes.where(F.col("_change_type").isin("insert", "update_postimage")).drop(*CDF_COLUMNS), bounded_by
-        )
+        known = change_ranges(spark, table, previous, version, bounded_by) if bounded_by else None
+        if known is None:
+            changed, bounds, n = kept_with_size(changed, bounded_by)
+        else:
+            bounds, n = known
         candidates = within(snapshot, bounds) if bounded_by else snapshot
         # A change set small enough for the driver has keys small enough to send to every task.
         rows = changed_rows(candidates, changed, suite.key, few=n <= DRIVER_ROWS)

@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from jobs.catalog import (
     appended,
+    change_ranges,
     compact,
     create_table,
     ensure_view,
@@ -29,6 +30,7 @@ from jobs.config import Config
 from jobs.session import jobs_started
 from schemas import OFFSET
 from schemas.spark import to_struct
+from transforms.frames import ranges
 
 pytestmark = pytest.mark.spark
 
@@ -220,6 +222,52 @@ def test_history_is_what_describe_history_says(spark: SparkSession, config: Conf
     log.checkpoint()
     (Path(location(spark, name)) / "_delta_log" / f"{1:020d}.json").unlink()
     assert [h["operation"] for h in history(spark, name, 0)] == ["OPTIMIZE", "WRITE", None]
+
+
+def test_the_ranges_of_a_change_are_read_from_its_files_statistics(spark: SparkSession, config: Config) -> None:
+    """What a change set's lookup is bounded by, from the log's statistics of the files the commits added: the
+    changed rows' own ranges when the files hold only them, a file's ranges around a row a merge rewrote,
+    nothing from a compaction; no Spark job."""
+    stats = ("broker_name", "queue_id", "offset", "commit_timestamp", "seq")
+    name = create_table(spark, config, OFFSET, name="offset_ranges", stats_columns=stats,
+                        properties={"delta.enableChangeDataFeed": "true"})  # fmt: skip
+    later = [("broker-b", "g1", "orders", 3, 7, 1_700_000_009_000, None, None),
+             ("broker-a", "g2", "orders", 1, 900, 1_700_000_001_000, "10.0.0.2@1", None)]  # fmt: skip
+    for rows in (ROWS, later):  # versions 1 and 2, a file each
+        spark.createDataFrame(rows, to_struct(OFFSET)).coalesce(1).write.insertInto(name)
+    columns = [*stats, "client_id", "topic"]  # the last two without statistics: left out
+
+    def feed(since: int, version: int) -> DataFrame:
+        return (spark.read.option("readChangeFeed", "true").option("startingVersion", since + 1)
+                .option("endingVersion", version).table(name).where("_change_type != 'update_preimage'"))  # fmt: skip
+
+    before = jobs_started(spark)
+    both, one = change_ranges(spark, name, 0, 2, columns), change_ranges(spark, name, 1, 2, columns)
+    assert jobs_started(spark) == before
+    assert both == (ranges(feed(0, 2), stats), 4)
+    assert one == (ranges(feed(1, 2), stats), 2)
+    assert one[0]["seq"] == (None, None)  # no value among the changed rows: nothing can share one
+    # A merge rewrites the file of the row it updates: the ranges hold that row, within the file's.
+    spark.sql(f"UPDATE {name} SET offset = 5 WHERE consumer_group = 'g2'")
+    found = change_ranges(spark, name, 2, 3, columns)
+    assert found is not None and found[1] == 2
+    updated = feed(2, 3).where("_change_type = 'update_postimage'").first()
+    assert updated is not None
+    assert all(lo <= updated[c] <= hi for c, (lo, hi) in found[0].items() if updated[c] is not None)
+    assert found[0] == ranges(spark.table(name).where("broker_name = 'broker-b' OR consumer_group = 'g2'"), stats)
+    # A compaction changes no row: no range (a lookup within them finds nothing), no row.
+    compact(spark, name)
+    assert change_ranges(spark, name, 3, 4, columns) == ({c: (None, None) for c in columns}, 0)
+    assert change_ranges(spark, name, 1, 4, columns) == ({**one[0], "offset": (5, 900)}, 4)
+    # Not known: up to a version before the current one, across a commit gone from the log (its state kept by
+    # a checkpoint), or across a change of the table's properties (there, no change data was recorded).
+    assert change_ranges(spark, name, 1, 2, columns) is None
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, location(spark, name)).checkpoint()  # type: ignore[union-attr]
+    (Path(location(spark, name)) / "_delta_log" / f"{1:020d}.json").unlink()
+    assert change_ranges(spark, name, 0, 4, columns) is None
+    spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'false')")
+    spark.createDataFrame(ROWS, to_struct(OFFSET)).write.insertInto(name)
+    assert change_ranges(spark, name, 5, 6, columns) is None
 
 
 def test_the_catalog_is_asked_as_spark_asks_it(spark: SparkSession, config: Config) -> None:
