@@ -33,7 +33,7 @@ from jobs.session import build_session
 from schemas import LANDING
 from schemas.quality import DELIVERY_STATUSES
 from transforms.consumers import holders, islands, snapshots, subscription_text
-from transforms.frames import kept_with_ranges, within
+from transforms.frames import Asking, gathered, kept_with_ranges, together, within
 from transforms.lifecycle import ID
 
 log = logging.getLogger(__name__)
@@ -123,42 +123,40 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     named = found.where(F.col("uniq_key").isNotNull()).select(*ID)
     txn = t["txn_lifecycle"].select(*ID, "producer_group", "real_topic", "state").join(named, on=ID, how="left_semi")
     keyed = found.join(txn, on=ID, how="left").persist()
+    counts, deliveries = t.get("delivery_counts"), t.get("deliveries")
     try:
-        op_lag, lifecycle_figures, states = _lifecycle_charts(life, as_of)
-        anomalies_span, sums = _keyed_pass(keyed)
-        anomalies = _over_time(keyed, F.col("event_ts"), "anomaly_type", anomalies_span)
-        data: dict[str, Any] = {
-            "database": config.database,
-            "generated_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-            "as_of": as_of,
-            "states": _totals(states),
-            "anomaly_counts": _totals(anomalies),
-            "states_over_time": states,
-            "anomalies_over_time": anomalies,
-        }
-        listed = _listed(keyed)
-        data |= _anomaly_tables(keyed, data["anomaly_counts"], listed)
-        data |= _group_findings(data["anomaly_counts"], listed, sums)
-        data["op_lag"] = op_lag
-        findings = _findings(keyed)
-        trace = _trace(keyed, t.get("trace_events"), t.get("real_events"), data["as_of"])
-        contradictions = data["anomaly_counts"].get("TRACE_CONTRADICTION", 0)
-        data["trace"] = trace | {"contradictions": listed["contradictions"], "contradictions_total": contradictions}
-        data |= _brokers(spark, config, data["anomaly_counts"], listed)
+        # Every part's queries asked together, a round at a time: a Spark job a round, not one a query.
+        (
+            (op_lag, lifecycle_figures, states), (sums, anomalies), listed, stuck_age_bins, findings, trace, brokers,
+            groups, (delivered, deliveries_over_time),
+        ) = gathered(
+            _lifecycle_charts(life, as_of), _anomalies(keyed), _listed(keyed), _age_bins(keyed), _findings(keyed),
+            _trace(keyed, t.get("trace_events"), t.get("real_events"), as_of), _brokers(spark, config),
+            _groups(t.get("consumer_events")), _deliveries(counts, deliveries, as_of),
+        )  # fmt: skip
     finally:
         keyed.unpersist()
         found.unpersist()
+    data: dict[str, Any] = {
+        "database": config.database,
+        "generated_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "as_of": as_of,
+        "states": _totals(states),
+        "anomaly_counts": _totals(anomalies),
+        "states_over_time": states,
+        "anomalies_over_time": anomalies,
+    }
+    data |= _anomaly_tables(stuck_age_bins, data["anomaly_counts"], listed)
+    data |= _group_findings(data["anomaly_counts"], listed, sums)
+    data["op_lag"] = op_lag
+    contradictions = data["anomaly_counts"].get("TRACE_CONTRADICTION", 0)
+    data["trace"] = trace | {"contradictions": listed["contradictions"], "contradictions_total": contradictions}
+    data |= brokers | _cluster_findings(data["anomaly_counts"], listed)
     data["ingest_runs"] = _ingest_runs(spark, config.table("ingest_runs")) if "ingest_runs" in t else []
     data["reconcile_runs"] = reconcile_runs
     data["collect_runs"] = _collect_runs(t.get("collect_runs"))
-    data |= _groups(t.get("consumer_events"))
-    counts = t.get("delivery_counts")
-    data["deliveries"], spans = _group_deliveries(counts, t.get("deliveries"), data["as_of"])
-    shown = [r["consumer_group"] for r in data["deliveries"]]
-    per_group = {}
-    if counts is not None and shown:
-        per_group = _over_time_by(counts, F.col("second_ts"), "status", "consumer_group", F.col("messages"), spans)
-    data["deliveries_over_time"] = {group: per_group.get(group, _no_times()) for group in shown}
+    data |= groups
+    data["deliveries"], data["deliveries_over_time"] = delivered, deliveries_over_time
     # What `txn-recon serve` exports as metrics, from the same reads: a cycle reads each table once.
     data["figures"] = {"as_of": data["as_of"], **findings, **lifecycle_figures, "deliveries": data["deliveries"],
                        "trace": data["trace"]}  # fmt: skip
@@ -168,12 +166,14 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
 LATENCY_WINDOW_MS = 3_600_000  # consumption latency over the last hour of trace: Delta skips older files
 
 
-def _trace(keyed: DataFrame, trace: DataFrame | None, real: DataFrame | None, as_of: int | None) -> dict[str, Any]:
+def _trace(
+    keyed: DataFrame, trace: DataFrame | None, real: DataFrame | None, as_of: int | None
+) -> Asking[dict[str, Any]]:  # fmt: skip
     """What the message trace says (docs/concepts/trace.md): discards by cause, per group the traced duplicates
     (predicted by the offsets or not) and failed attempts, and the latency from a message's store time to its
     first traced attempt (p50, p99) over the last hour. The contradictions are a table of LISTED."""
     kind = F.col("anomaly_type")
-    causes = keyed.where(kind == "DISCARDED_AFTER_MAX_CHECKS").groupBy(_detail("cause")).count().collect()
+    causes = keyed.where(kind == "DISCARDED_AFTER_MAX_CHECKS").groupBy(_detail("cause")).count()
     per_group = (
         keyed.where(kind.isin("DUPLICATE_CONSUMPTION", "CONSUME_FAILED"))
         .groupBy("consumer_group")
@@ -184,7 +184,8 @@ def _trace(keyed: DataFrame, trace: DataFrame | None, real: DataFrame | None, as
             F.count_if(kind == "CONSUME_FAILED").alias("failed_messages"),
         )
     )
-    groups = {r["consumer_group"]: r.asDict() for r in per_group.collect()}
+    discards, traced_groups = yield [causes, per_group]
+    groups = {r["consumer_group"]: r.asDict() for r in traced_groups}
     if trace is not None and real is not None and as_of is not None:
         since = as_of - LATENCY_WINDOW_MS
         first, traced = kept_with_ranges(
@@ -200,9 +201,10 @@ def _trace(keyed: DataFrame, trace: DataFrame | None, real: DataFrame | None, as
             .agg(F.min("store_timestamp").alias("stored_at"))
         )
         latency = (F.col("first_at") - F.col("stored_at")) / 1000
-        for r in first.join(stored, on="uniq_key").groupBy("consumer_group").agg(
+        [latencies] = yield [first.join(stored, on="uniq_key").groupBy("consumer_group").agg(
             F.percentile_approx(latency, [0.5, 0.99]).alias("q"), F.count(F.lit(1)).alias("traced")
-        ).collect():  # fmt: skip
+        )]  # fmt: skip
+        for r in latencies:
             groups.setdefault(r["consumer_group"], {"consumer_group": r["consumer_group"]}).update(
                 latency_p50_s=r["q"][0], latency_p99_s=r["q"][1], traced_last_hour=r["traced"]
             )
@@ -213,13 +215,13 @@ def _trace(keyed: DataFrame, trace: DataFrame | None, real: DataFrame | None, as
     return {
         "discard_causes": [
             {"cause": r["cause"] or "untraced", "discards": r["count"]}
-            for r in sorted(causes, key=lambda r: r["cause"] or "")
+            for r in sorted(discards, key=lambda r: r["cause"] or "")
         ],
         "groups": rows,
     }
 
 
-def _findings(keyed: DataFrame) -> dict[str, list[dict[str, Any]]]:
+def _findings(keyed: DataFrame) -> Asking[dict[str, list[dict[str, Any]]]]:
     """The findings per type and consumer group with the messages their UNDELIVERED findings count, and the
     cluster findings going on."""
 
@@ -232,12 +234,18 @@ def _findings(keyed: DataFrame) -> dict[str, list[dict[str, Any]]]:
     ongoing = keyed.where(
         F.col("anomaly_type").isin("TOPIC_NOT_ON_BROKER", "BROKER_WITHOUT_WRITES") & (_detail("ongoing") == "true")
     ).select("anomaly_type", "broker_name", "topic", _detail("cluster"))
-    return {"findings": [r.asDict() for r in per_group.collect()], "ongoing": [r.asDict() for r in ongoing.collect()]}
+    per_group_rows, ongoing_rows = yield [per_group, ongoing]
+    return {"findings": [r.asDict() for r in per_group_rows], "ongoing": [r.asDict() for r in ongoing_rows]}
 
 
-def _brokers(spark: SparkSession, config: Config, counts: dict[str, int], listed: Listed) -> dict[str, Any]:
-    """Writes per broker over time (the broker_writes view, bucketed as the other charts), every broker of the
-    topology at zero where it stored nothing, and the cluster findings."""
+def _brokers(spark: SparkSession, config: Config) -> Asking[dict[str, Any]]:
+    """Writes per broker over time (the broker_writes view, bucketed as the other charts), and every broker of
+    the topology, at zero where it stored nothing."""
+    writes, brokers = yield from together(_broker_writes(spark, config), _topology_brokers(spark, config))
+    return writes | brokers
+
+
+def _broker_writes(spark: SparkSession, config: Config) -> Asking[dict[str, Any]]:
     out: dict[str, Any] = {"broker_writes": _no_times()}
     view = config.table("broker_writes")
     if table_exists(spark, view):
@@ -248,16 +256,27 @@ def _brokers(spark: SparkSession, config: Config, counts: dict[str, int], listed
             .agg(F.sum(F.col("messages") + F.col("halves")).alias("n")).persist()
         )  # fmt: skip
         try:
-            out["broker_writes"] = _per_bucket(writes)
+            out["broker_writes"] = yield from _per_bucket(writes)
         finally:
             writes.unpersist()
+    return out
+
+
+def _topology_brokers(spark: SparkSession, config: Config) -> Asking[dict[str, Any]]:
+    out: dict[str, Any] = {}
     topology = config.table("topology_events")
     if table_exists(spark, topology):
         out["brokers"] = []
         if may_have_rows(spark, topology):  # a query on a table without rows still runs jobs
             members = spark.table(topology).where("kind = 'broker' AND broker_id = 0")
-            out["brokers"] = sorted(r["broker_name"] for r in members.select("broker_name").distinct().collect())
-    return out | {
+            [names] = yield [members.select("broker_name").distinct()]
+            out["brokers"] = sorted(r["broker_name"] for r in names)
+    return out
+
+
+def _cluster_findings(counts: dict[str, int], listed: Listed) -> dict[str, Any]:
+    """The cluster findings' tables and totals."""
+    return {
         "topic_gaps": listed["topic_gaps"],
         "topic_gaps_total": counts.get("TOPIC_NOT_ON_BROKER", 0),
         "idle_brokers": listed["idle_brokers"],
@@ -265,14 +284,14 @@ def _brokers(spark: SparkSession, config: Config, counts: dict[str, int], listed
     }
 
 
-def _per_bucket(writes: DataFrame) -> dict[str, Any]:
+def _per_bucket(writes: DataFrame) -> Asking[dict[str, Any]]:
     """Writes per (bucket, broker) of the per-minute counts `writes`, the buckets sized as the other charts'."""
-    span = writes.agg(F.min("minute_ts").alias("first"), F.max("minute_ts").alias("last")).collect()[0]
+    [[span]] = yield [writes.agg(F.min("minute_ts").alias("first"), F.max("minute_ts").alias("last"))]
     if span["first"] is None:
         return _no_times()
     width = max(bucket_ms(span["first"], span["last"]), 60_000)  # the view counts per minute
     bucket = (F.floor(F.col("minute_ts") / width) * width).alias("bucket")
-    rows = writes.groupBy(bucket, "broker_name").agg(F.sum("n").alias("n")).collect()
+    [rows] = yield [writes.groupBy(bucket, "broker_name").agg(F.sum("n").alias("n"))]
     return {"bucket_ms": width, "counts": [(int(r["bucket"]), r["broker_name"], r["n"]) for r in rows]}
 
 
@@ -280,12 +299,26 @@ def group_deliveries(counts: DataFrame | None, deliveries: DataFrame | None, as_
     """Per group: the messages it wants and what became of them (the README's query of the same), from
     `delivery_counts`; the oldest pending message, its age at `as_of`, is looked up in `deliveries` within the
     second the counts name (its files by store time: Delta skips the others)."""
-    return _group_deliveries(counts, deliveries, as_of)[0]
+    [(found, _)] = gathered(_group_deliveries(counts, deliveries, as_of))
+    return found
+
+
+def _deliveries(
+    counts: DataFrame | None, deliveries: DataFrame | None, as_of: int | None
+) -> Asking[tuple[list[dict[str, Any]], dict[str, Any]]]:  # fmt: skip
+    """`group_deliveries`, and each group's chart of what became of its messages over time."""
+    found, spans = yield from _group_deliveries(counts, deliveries, as_of)
+    shown = [r["consumer_group"] for r in found]
+    per_group = {}
+    if counts is not None and shown:
+        per_group = yield from _over_time_by(counts, F.col("second_ts"), "status", "consumer_group", F.col("messages"),
+                                             spans)  # fmt: skip
+    return found, {group: per_group.get(group, _no_times()) for group in shown}
 
 
 def _group_deliveries(
     counts: DataFrame | None, deliveries: DataFrame | None, as_of: int | None
-) -> tuple[list[dict[str, Any]], dict[str, Span]]:
+) -> Asking[tuple[list[dict[str, Any]], dict[str, Span]]]:
     """`group_deliveries`, and from the same pass each group's span of time (for its chart)."""
     if counts is None or deliveries is None:
         return [], {}
@@ -298,13 +331,15 @@ def _group_deliveries(
         F.min(second).alias("_first"), F.max(second).alias("_last"),
     )  # fmt: skip
     # A row per group, every one, ordered here: ordering them in Spark cost a job of its own.
-    rows = sorted(per_group.collect(), key=lambda r: (r["consumer_group"] is not None, r["consumer_group"] or ""))
+    [rows] = yield [per_group]
+    rows = sorted(rows, key=lambda r: (r["consumer_group"] is not None, r["consumer_group"] or ""))
     since = [r["_pending_since"] for r in rows if r["_pending_since"] is not None]
     oldest: dict[str, int] = {}
     if since and as_of is not None:
         window = F.col("store_timestamp").between(min(since), max(since) + 999)
         pending = deliveries.where((status == "PENDING") & window).groupBy("consumer_group")
-        oldest = {r[0]: as_of - r[1] for r in pending.agg(F.min("store_timestamp")).collect()}
+        [oldest_rows] = yield [pending.agg(F.min("store_timestamp"))]
+        oldest = {r[0]: as_of - r[1] for r in oldest_rows}
     statuses = [s.lower() for s in DELIVERY_STATUSES]
     found = [
         {"consumer_group": r["consumer_group"], "wanted": r["wanted"], **{s: r[s] for s in statuses},
@@ -315,10 +350,9 @@ def _group_deliveries(
     return found, {r["consumer_group"]: (r["_first"], r["_last"]) for r in rows}
 
 
-def _anomaly_tables(keyed: DataFrame, counts: dict[str, int], listed: Listed) -> dict[str, Any]:
-    stuck = keyed.where(F.col("anomaly_type") == "STUCK_HALF").withColumn("age_ms", _detail("age_ms").cast("long"))
+def _anomaly_tables(stuck_age_bins: list[tuple[str, int]], counts: dict[str, int], listed: Listed) -> dict[str, Any]:
     return {
-        "stuck_age_bins": _age_bins(stuck),
+        "stuck_age_bins": stuck_age_bins,
         "stuck_oldest": listed["stuck_oldest"],
         "stuck_total": counts.get("STUCK_HALF", 0),
         "discarded": listed["discarded"],
@@ -345,20 +379,27 @@ def _group_findings(counts: dict[str, int], listed: Listed, sums: dict[str, int]
     return out | sums
 
 
-def _keyed_pass(keyed: DataFrame) -> tuple[Span, dict[str, int]]:
+def _anomalies(keyed: DataFrame) -> Asking[tuple[dict[str, int], dict[str, Any]]]:
+    """What the group findings add up to (`_keyed_pass`), and the findings over time."""
+    span, sums = yield from _keyed_pass(keyed)
+    over_time = yield from _over_time(keyed, F.col("event_ts"), "anomaly_type", span)
+    return sums, over_time
+
+
+def _keyed_pass(keyed: DataFrame) -> Asking[tuple[Span, dict[str, int]]]:
     """One pass over the findings: their span of event time (for their chart) and what the group findings add
     up to (the duplicates expected at hand-offs, the messages UNDELIVERED)."""
     kind = F.col("anomaly_type")
     estimate = F.get_json_object("detail", "$.duplicates_estimate").cast("long")
     lost = F.get_json_object("detail", "$.messages").cast("long")
-    first, last, duplicates, undelivered = keyed.agg(
+    [[(first, last, duplicates, undelivered)]] = yield [keyed.agg(
         F.min("event_ts"), F.max("event_ts"), F.sum(F.when(kind == "REDELIVERY_AT_HANDOFF", estimate)),
         F.sum(F.when(kind == "UNDELIVERED", lost)),
-    ).collect()[0]  # fmt: skip
+    )]  # fmt: skip
     return (first, last), {"expected_duplicates": duplicates or 0, "undelivered_messages": undelivered or 0}
 
 
-def _groups(consumer: DataFrame | None) -> dict[str, Any]:
+def _groups(consumer: DataFrame | None) -> Asking[dict[str, Any]]:
     """Members and subscriptions at each group's latest snapshot, and who held each queue when."""
     if consumer is None:
         return {"members": [], "ownership": [], "ownership_total": 0}
@@ -386,11 +427,9 @@ def _groups(consumer: DataFrame | None) -> dict[str, Any]:
         )
         .drop("island")
     )
-    return {
-        "members": _rows(members, members.columns, ROWS),
-        "ownership": _rows(ownership.orderBy(*queue, "from_ts"), ownership.columns, ROWS),
-        "ownership_total": ownership.count(),
-    }
+    listed, owned, [[total]] = yield [members.limit(ROWS), ownership.orderBy(*queue, "from_ts").limit(ROWS),
+                                      ownership.agg(F.count(F.lit(1)))]  # fmt: skip
+    return {"members": [r.asDict() for r in listed], "ownership": [r.asDict() for r in owned], "ownership_total": total}
 
 
 @dataclass(frozen=True)
@@ -443,7 +482,7 @@ LISTED = {
 }  # fmt: skip
 
 
-def _listed(keyed: DataFrame) -> Listed:
+def _listed(keyed: DataFrame) -> Asking[Listed]:
     """The rows of every table in LISTED, from one query over the findings: a query per table cost a Spark job
     or two each, some fifteen per cycle. Each finding belongs to one table at most."""
     kind, names = F.col("anomaly_type"), list(LISTED)
@@ -461,13 +500,12 @@ def _listed(keyed: DataFrame) -> Listed:
     limit = F.create_map(*[F.lit(v) for n, t in LISTED.items() for v in (n, t.limit)])[F.col("_table")]
     fields = dict.fromkeys(c for t in LISTED.values() for c in t.columns)
     columns = [_detail(_named(c)) if c.startswith("detail.") else F.col(c) for c in fields]
-    rows = (
+    [rows] = yield [
         keyed.withColumn("_table", table).where(F.col("_table").isNotNull())
         .withColumn("age_ms", _detail("age_ms").cast("long"))
         .withColumn("_rank", rank).where(F.col("_rank") <= limit)
         .select("_table", "_rank", *columns)
-        .collect()
-    )  # fmt: skip
+    ]  # fmt: skip
     out: Listed = {name: [] for name in LISTED}
     for r in sorted(rows, key=lambda r: r["_rank"]):
         out[r["_table"]].append({_named(c): r[_named(c)] for c in LISTED[r["_table"]].columns})
@@ -490,21 +528,18 @@ def _totals(over_time: dict[str, Any]) -> dict[str, int]:
     return totals
 
 
-def _rows(df: DataFrame, columns: Sequence[str | Column], limit: int) -> list[dict[str, Any]]:
-    return [r.asDict() for r in df.select(*columns).limit(limit).collect()]
-
-
-def _over_time(df: DataFrame, ts: Column, group: str, span: Span | None = None) -> dict[str, Any]:
+def _over_time(df: DataFrame, ts: Column, group: str, span: Span | None = None) -> Asking[dict[str, Any]]:
     """Counts per (time bucket, group), with the bucket width chosen from the data's time span (`span`, the least
     and greatest `ts`, when an earlier pass over the rows found it)."""
     spans = None if span is None else {True: span}
-    return _over_time_by(df.withColumn("_all", F.lit(True)), ts, group, "_all", spans=spans).get(True, _no_times())
+    found = yield from _over_time_by(df.withColumn("_all", F.lit(True)), ts, group, "_all", spans=spans)
+    return found.get(True, _no_times())
 
 
 def _over_time_by(
     df: DataFrame, ts: Column, group: str, by: str, weight: Column | None = None,
     spans: dict[Any, Span] | None = None,
-) -> dict[Any, dict[str, Any]]:  # fmt: skip
+) -> Asking[dict[Any, dict[str, Any]]]:  # fmt: skip
     """`_over_time` of the rows of each value of `by` (its buckets sized to its own span), in two passes over
     `df` for every value together: the deliveries' charts, one per consumer group, took two passes each. With
     `weight`, each row counts that much (rows that are counts already). With `spans` (per value of `by`, the
@@ -514,7 +549,7 @@ def _over_time_by(
     )
     timed = timed.where(F.col("ts").isNotNull() & F.col("_by").isNotNull())
     if spans is None:
-        found = timed.groupBy("_by").agg(F.min("ts").alias("first"), F.max("ts").alias("last")).collect()
+        [found] = yield [timed.groupBy("_by").agg(F.min("ts").alias("first"), F.max("ts").alias("last"))]
         spans = {r["_by"]: (r["first"], r["last"]) for r in found}
     widths = {value: bucket_ms(first, last) for value, (first, last) in spans.items()
               if value is not None and first is not None}  # fmt: skip
@@ -522,7 +557,7 @@ def _over_time_by(
         return {}
     width = F.create_map(*(F.lit(v) for pair in widths.items() for v in pair))[F.col("_by")]
     bucket = (F.floor(F.col("ts") / width) * width).alias("bucket")
-    counts = timed.groupBy("_by", bucket, group).agg(F.sum("_n").alias("count")).collect()
+    [counts] = yield [timed.groupBy("_by", bucket, group).agg(F.sum("_n").alias("count"))]
     out: dict[Any, dict[str, Any]] = {value: {"bucket_ms": w, "counts": []} for value, w in widths.items()}
     for r in counts:
         out[r["_by"]]["counts"].append((int(r["bucket"]), r[group], r["count"]))
@@ -533,7 +568,9 @@ def _no_times() -> dict[str, Any]:
     return {"bucket_ms": 1000, "counts": []}
 
 
-def _lifecycle_charts(life: DataFrame, as_of: int | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _lifecycle_charts(
+    life: DataFrame, as_of: int | None
+) -> Asking[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:  # fmt: skip
     """The lifecycle's part of the dashboard, in two passes over its rows: the first finds the charts' spans and
     the figures, the second fills both charts' buckets at once (grouping sets).
 
@@ -551,10 +588,10 @@ def _lifecycle_charts(life: DataFrame, as_of: int | None) -> tuple[dict[str, Any
     old = [F.count_if((F.col("state") == "PENDING") & (F.lit(as_of) - F.col("born_ts") >= ms)).alias(label)
            for label, ms in PENDING_AGES.items()] if as_of is not None else []  # fmt: skip
     seen = F.coalesce("first_copy_ts", "first_commit_ts")
-    first, last, quantiles, most, seen_first, seen_last, *pending = life.agg(
+    [[(first, last, quantiles, most, seen_first, seen_last, *pending)]] = yield [life.agg(
         F.min(shown), F.max(shown), F.percentile_approx(lag / 1000, [0.5, 0.99]), F.max(lag / 1000), F.min(seen),
         F.max(seen), *old,
-    ).collect()[0]  # fmt: skip
+    )]  # fmt: skip
     figures = {
         "op_lag_seconds": {} if most is None else {"0.5": quantiles[0], "0.99": quantiles[1], "1": most},
         "pending": dict(zip(PENDING_AGES, pending, strict=True)) if as_of is not None else {},
@@ -571,13 +608,12 @@ def _lifecycle_charts(life: DataFrame, as_of: int | None) -> tuple[dict[str, Any
     lag_width, lag_bucket = bucket(F.col("first_commit_ts"), (first, last))
     seen_width, seen_bucket = bucket(seen, (seen_first, seen_last))
     sets = ["lag_bucket"], ["seen_bucket", "state"]
-    rows = (
+    [rows] = yield [
         life.select(F.when(lag >= 0, lag_bucket).alias("lag_bucket"), F.when(lag >= 0, lag).alias("lag"),
                     seen_bucket.alias("seen_bucket"), "state")
         .groupingSets(sets, "lag_bucket", "seen_bucket", "state")
         .agg(F.max("lag").alias("max_ms"), F.count(F.lit(1)).alias("n"), F.grouping_id().alias("set"))
-        .collect()
-    )  # fmt: skip
+    ]  # fmt: skip
     # grouping_id sets a bit per column left out of a row's set: 0b011 for the lag's buckets, 0b100 for the states'.
     by_lag = [r for r in rows if r["set"] == 0b011 and r["lag_bucket"] is not None]
     by_state = [r for r in rows if r["set"] == 0b100 and r["seen_bucket"] is not None]
@@ -588,11 +624,14 @@ def _lifecycle_charts(life: DataFrame, as_of: int | None) -> tuple[dict[str, Any
     return lags, figures, states
 
 
-def _age_bins(stuck: DataFrame) -> list[tuple[str, int]]:
+def _age_bins(keyed: DataFrame) -> Asking[list[tuple[str, int]]]:
+    """How many stuck halves are how old, in STUCK_AGE_BINS."""
+    stuck = keyed.where(F.col("anomaly_type") == "STUCK_HALF").withColumn("age_ms", _detail("age_ms").cast("long"))
     label = F.lit(STUCK_AGE_BINS[0][1])
     for low, name in STUCK_AGE_BINS[1:]:
         label = F.when(F.col("age_ms") >= low, F.lit(name)).otherwise(label)
-    found = {r["bin"]: r["count"] for r in stuck.groupBy(label.alias("bin")).count().collect()}
+    [rows] = yield [stuck.groupBy(label.alias("bin")).count()]
+    found = {r["bin"]: r["count"] for r in rows}
     return [(name, found.get(name, 0)) for _, name in STUCK_AGE_BINS]
 
 

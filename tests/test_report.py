@@ -23,6 +23,7 @@ from jobs.session import jobs_started
 from schemas import LANDING
 from schemas.bronze import INGEST_RUNS
 from tests.test_ingest import fresh_db
+from transforms.frames import gathered
 
 pytestmark = pytest.mark.spark
 
@@ -42,7 +43,7 @@ def expected(rows: list[tuple[str, int | None, str]]) -> dict[str, object]:
 
 def test_counts_over_time_per_group_size_each_groups_buckets_to_its_own_span(spark: SparkSession) -> None:
     df = spark.createDataFrame(ROWS, "consumer_group string, store_timestamp long, status string")
-    found = _over_time_by(df, F.col("store_timestamp"), "status", "consumer_group")
+    [found] = gathered(_over_time_by(df, F.col("store_timestamp"), "status", "consumer_group"))
     found = {g: {"bucket_ms": v["bucket_ms"], "counts": sorted(v["counts"])} for g, v in found.items()}
     by_group = {g: [r for r in ROWS if r[0] == g] for g in ("g1", "g2")}
     assert found == {g: expected(rows) for g, rows in by_group.items()}  # g3 has no time: no chart data
@@ -50,15 +51,15 @@ def test_counts_over_time_per_group_size_each_groups_buckets_to_its_own_span(spa
     # Given the spans a pass made anyway found (g3: none with a time), the same in one pass.
     times = {g: [ts for gg, ts, _ in ROWS if gg == g and ts is not None] for g in ("g1", "g2", "g3")}
     spans = {g: (min(ts, default=None), max(ts, default=None)) for g, ts in times.items()}
-    given = _over_time_by(df, F.col("store_timestamp"), "status", "consumer_group", spans=spans)
+    [given] = gathered(_over_time_by(df, F.col("store_timestamp"), "status", "consumer_group", spans=spans))
     assert {g: {"bucket_ms": v["bucket_ms"], "counts": sorted(v["counts"])} for g, v in given.items()} == found
-    whole = _over_time(df, F.col("store_timestamp"), "status")
+    [whole] = gathered(_over_time(df, F.col("store_timestamp"), "status"))
     assert {**whole, "counts": sorted(whole["counts"])} == expected(ROWS)
     span = (min(t for _, t, _ in ROWS if t is not None), max(t for _, t, _ in ROWS if t is not None))
-    again = _over_time(df, F.col("store_timestamp"), "status", span)
+    [again] = gathered(_over_time(df, F.col("store_timestamp"), "status", span))
     assert {**again, "counts": sorted(again["counts"])} == expected(ROWS)
-    assert _over_time(df.where("store_timestamp IS NULL"), F.col("store_timestamp"), "status") == {
-        "bucket_ms": 1000, "counts": []}  # fmt: skip
+    assert gathered(_over_time(df.where("store_timestamp IS NULL"), F.col("store_timestamp"), "status")) == [{
+        "bucket_ms": 1000, "counts": []}]  # fmt: skip
 
 
 KEYED = "anomaly_id string, anomaly_type string, broker_name string, uniq_key string, consumer_group string, " \
@@ -88,7 +89,7 @@ def test_every_table_of_findings_keeps_its_own_order_and_limit(
         finding("r3", "OFFSET_REGRESSION", 40, "b1", "cg", 1, from_offset=7, to_offset=3),
         finding("x1", "CHECK_ANSWER_LOST", 70),  # a finding no table lists
     ]
-    listed = _listed(spark.createDataFrame(rows, KEYED))
+    [listed] = gathered(_listed(spark.createDataFrame(rows, KEYED)))
     assert set(listed) == set(report.LISTED)
     # The oldest stuck halves first, two of them; the age a number, the detail's fields strings.
     assert [(r["anomaly_id"], r["age_ms"], r["check_times"]) for r in listed["stuck_oldest"]] == [
@@ -125,7 +126,7 @@ def test_the_lifecycle_charts_count_states_and_the_largest_op_lag_per_bucket(spa
         ("PENDING", 10_000, 900_000, None, None),  # pending 990 s at AS_OF
         ("PENDING", 950_000, None, None, None),  # pending 50 s, and nothing to chart it by
     ]
-    lags, figures, states = report._lifecycle_charts(spark.createDataFrame(rows, LIFE), AS_OF)
+    [(lags, figures, states)] = gathered(report._lifecycle_charts(spark.createDataFrame(rows, LIFE), AS_OF))
     shown = [(c, r - c) for _, _, _, c, r in rows if c is not None and r is not None and r >= c]
     width = bucket_ms(min(c for c, _ in shown), max(c for c, _ in shown))
     most: dict[int, int] = {}
@@ -136,10 +137,10 @@ def test_the_lifecycle_charts_count_states_and_the_largest_op_lag_per_bucket(spa
     assert figures["pending"] == {"1m": 1, "10m": 1, "1h": 0, "1d": 0}
     assert figures["op_lag_seconds"]["1"] == 540 and figures["op_lag_seconds"]["0.5"] == 40
     # Copies and no op yet: states to chart, no lag; nothing at all: neither.
-    lags, _, states = report._lifecycle_charts(spark.createDataFrame(rows[3:], LIFE), AS_OF)
+    [(lags, _, states)] = gathered(report._lifecycle_charts(spark.createDataFrame(rows[3:], LIFE), AS_OF))
     assert lags == {"bucket_ms": 1000, "rows": []}
     assert {**states, "counts": sorted(states["counts"])} == states_by_bucket(rows[3:])
-    lags, figures, states = report._lifecycle_charts(spark.createDataFrame([], LIFE), AS_OF)
+    [(lags, figures, states)] = gathered(report._lifecycle_charts(spark.createDataFrame([], LIFE), AS_OF))
     assert (lags, states) == ({"bucket_ms": 1000, "rows": []}, {"bucket_ms": 1000, "counts": []})
     assert figures == {"op_lag_seconds": {}, "pending": {"1m": 0, "10m": 0, "1h": 0, "1d": 0}}
 

@@ -21,6 +21,7 @@ from jobs.report import LATENCY_WINDOW_MS, _trace
 from jobs.story import story
 from jobs.web import Health, Metrics, start_http
 from tests.test_ingest import fresh_db, ingest
+from transforms.frames import gathered
 
 pytestmark = pytest.mark.spark
 T = 1_767_225_600_000
@@ -180,7 +181,7 @@ def test_the_dashboard_times_each_groups_first_attempt_from_its_store_time(spark
     latency = ("consumer_group", "latency_p50_s", "latency_p99_s", "traced_last_hour")
 
     def shown(at: int) -> list[tuple[Any, ...]]:
-        trace = _trace(tables["anomalies"], tables["trace_events"], tables["real_events"], at)
+        [trace] = gathered(_trace(tables["anomalies"], tables["trace_events"], tables["real_events"], at))
         return [tuple(g[c] for c in latency) for g in trace["groups"] if g["traced_last_hour"] is not None]
 
     assert shown(as_of) == [("CG", 1.501, 3.501, 3)]

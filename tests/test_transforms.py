@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from chispa import assert_df_equality
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.reconcile import snapshots_up_to
@@ -25,7 +25,7 @@ from transforms.anomalies import (
     rechecked_after_resolution,
     stuck_half,
 )
-from transforms.frames import folds_empty, kept_with_ranges, kept_with_size, ranges, within
+from transforms.frames import Asking, folds_empty, gathered, kept_with_ranges, kept_with_size, ranges, within
 from transforms.lifecycle import Rules, facts, lifecycle, listed_copies, resolutions, resolved_offsets
 from transforms.scope import touched_transactions
 from transforms.trace import answered
@@ -361,3 +361,33 @@ def test_snapshots_that_are_none_stay_the_empty_relation_and_run_no_job(spark: S
     some = snapshots_up_to({"consumer": stored}, 10)
     assert not folds_empty(some) and [tuple(r) for r in some.collect()] == [("g", 5)]
     assert "LogicalRDD" in some._jdf.queryExecution().optimizedPlan().toString()  # checkpointed
+
+
+def test_queries_asked_together_are_answered_by_one_spark_job_a_round(spark: SparkSession) -> None:
+    """Computations that ask their queries a round at a time get the rows `collect` gives (a nested row as a
+    dict), every round in one job, and return what they return."""
+    df = spark.createDataFrame([(i, f"k{i % 3}", float(i) / 4, None) for i in range(30)],
+                               "n long, k string, x double, gone string").persist()  # fmt: skip
+    by_key = df.groupBy("k").agg(F.count(F.lit(1)).alias("rows"), F.max("x"), F.percentile_approx("x", [0.5, 0.9]))
+    firsts = df.orderBy("n").limit(3).select("n", "gone", F.struct("k", "x").alias("s"), F.col("n").alias("n"))
+    queries = [by_key, firsts, df.where("n < 0"), df.agg(F.min("n"), F.max("n"))]
+    wanted = [q.collect() for q in queries]
+
+    def twice() -> Asking[list[list[Row]]]:  # a second round asking what the first found
+        first = yield queries
+        [[(low, high)]] = first[3:]
+        [again] = yield [df.where(F.col("n").between(low, high)).agg(F.count(F.lit(1)))]
+        return [*first, again]
+
+    def nothing() -> Asking[str]:  # asks nothing
+        return "done"
+        yield []
+
+    before = jobs_started(spark)
+    found, done = gathered(twice(), nothing())
+    assert jobs_started(spark) == before + 2
+    assert done == "done"
+    assert sorted(found[0]) == sorted(wanted[0]) and found[0][0].asDict().keys() == wanted[0][0].asDict().keys()
+    assert [(n, gone, s, n2) for n, gone, s, n2 in found[1]] == [(r[0], None, r[2].asDict(), r[3]) for r in wanted[1]]
+    assert found[2] == wanted[2] == [] and found[3] == wanted[3]
+    assert [tuple(r) for r in found[4]] == [(30,)]

@@ -1,11 +1,16 @@
 """Small helpers shared by transforms and jobs."""
 
 import functools
-from collections.abc import Mapping, Sequence
-from typing import Any
+import json
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any, TypeVar
 
-from pyspark.sql import Column, DataFrame, Observation
+from pyspark.sql import Column, DataFrame, Observation, Row
 from pyspark.sql import functions as F
+
+T = TypeVar("T")
+# A computation that asks Spark some queries at a time (yields them) and is sent their rows, until it returns.
+Asking = Generator[list[DataFrame], list[list[Row]], T]
 
 
 def union_all(frames: list[DataFrame]) -> DataFrame:
@@ -109,3 +114,57 @@ def folds_empty(df: DataFrame) -> bool:
 def detail_json(detail: Column) -> Column:
     """A detail struct as a JSON object, null fields included (a null says something here)."""
     return F.to_json(detail, {"ignoreNullFields": "false"})
+
+
+def gathered(*asking: Asking[Any]) -> list[Any]:
+    """What each of `asking` returns, run side by side (`together`), each round's queries collected in one Spark
+    job: a query per action cost a job each, the gathering of the dashboard some twenty of them."""
+    run = together(*asking)
+    try:
+        queries = next(run)
+        while True:
+            queries = run.send(collected(queries))
+    except StopIteration as done:
+        return list(done.value)
+    finally:
+        run.close()
+
+
+def together(*asking: Asking[Any]) -> Asking[list[Any]]:
+    """`asking` as one computation: each round asks what every one not done yet asks, and it returns what each
+    returned."""
+    results: list[Any] = [None] * len(asking)
+    sent: dict[int, list[list[Row]] | None] = dict.fromkeys(range(len(asking)))
+    try:
+        while sent:
+            asked: dict[int, list[DataFrame]] = {}
+            for i, rows in sent.items():
+                try:
+                    asked[i] = asking[i].send(rows)  # type: ignore[arg-type]  # None first: a generator's start
+                except StopIteration as done:
+                    results[i] = done.value
+            if not asked:
+                break
+            answers = iter((yield [q for queries in asked.values() for q in queries]))
+            sent = {i: [next(answers) for _ in queries] for i, queries in asked.items()}
+    finally:  # one failed: the others end too, releasing what they hold (a kept frame)
+        for a in asking:
+            a.close()
+    return results
+
+
+def collected(queries: list[DataFrame]) -> list[list[Row]]:
+    """The rows of each of `queries`, in one Spark job: each row travels as JSON beside its query's number (its
+    columns by position, so that names may repeat), and comes back as a Row of the query's columns: what
+    `collect` gives, but that a nested row is a dict and a timestamp a string."""
+    if len(queries) <= 1:
+        return [q.collect() for q in queries]
+    positional = [q.toDF(*[f"_{k}" for k in range(len(q.columns))]) for q in queries]
+    packed = [
+        q.select(F.lit(i), F.to_json(F.struct("*"), {"ignoreNullFields": "false"})) for i, q in enumerate(positional)
+    ]
+    out: list[list[Row]] = [[] for _ in queries]
+    shapes = [Row(*q.columns) for q in queries]
+    for i, row in functools.reduce(DataFrame.union, packed).collect():
+        out[i].append(shapes[i](*json.loads(row).values()))
+    return out
