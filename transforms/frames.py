@@ -156,7 +156,8 @@ def together(*asking: Asking[Any]) -> Asking[list[Any]]:
 def collected(queries: list[DataFrame]) -> list[list[Row]]:
     """The rows of each of `queries`, in one Spark job: each row travels as JSON beside its query's number (its
     columns by position, so that names may repeat), and comes back as a Row of the query's columns: what
-    `collect` gives, but that a nested row is a dict and a timestamp a string."""
+    `collect` gives, but that a nested row is a dict and a timestamp a string (a query asked alone is
+    collected as it is)."""
     if len(queries) <= 1:
         return [q.collect() for q in queries]
     positional = [q.toDF(*[f"_{k}" for k in range(len(q.columns))]) for q in queries]
