@@ -172,8 +172,8 @@ def test_reconcile_job_scores_perfectly_and_a_rerun_changes_nothing(
     spark.conf.set("spark.sql.adaptive.enabled", "true")
     try:
         reconcile(spark, cfg)
-    finally:
-        spark.conf.unset("spark.sql.adaptive.enabled")
+    finally:  # back to local mode's setting: unset, the session would fall back to Spark's default, on
+        spark.conf.set("spark.sql.adaptive.enabled", "false")
     last = spark.table(cfg.table("reconcile_runs")).orderBy("finished_at").collect()[-1]
     assert last["mode"] == "incremental", last["reason"]
     assert last["consumer_version"] == version(spark, cfg, "consumer_events")
