@@ -158,7 +158,11 @@ def _checksum(spark: SparkSession, table: str, version: int | None) -> Any:
 
 def table_schema(spark: SparkSession, table: str) -> T.StructType:
     """The Delta table's columns, from its log: resolving a query on it costs several metastore lookups more."""
-    return T.StructType.fromJson(json.loads(_snapshot(spark, table).schema().json()))
+    return _schema(_snapshot(spark, table))
+
+
+def _schema(snapshot: Any) -> T.StructType:
+    return T.StructType.fromJson(json.loads(snapshot.schema().json()))
 
 
 def table_exists(spark: SparkSession, table: str) -> bool:
@@ -198,9 +202,9 @@ def change_ranges(
     recording = snapshot.metadata().configuration().get("delta.enableChangeDataFeed")
     if int(snapshot.version()) != version or not (recording.isDefined() and recording.get().lower() == "true"):
         return None
-    fields = {f.name: f.dataType for f in table_schema(spark, table).fields}
+    fields = {f.name: f.dataType for f in _schema(snapshot).fields}
     bounded = {c for c in columns if isinstance(fields.get(c), _RANGED)}
-    log, _ = _log(spark, table)
+    log = snapshot.deltaLog()
     conf = log.newDeltaHadoopConf()
     store, as_java = log.store(), spark._jvm.scala.jdk.javaapi.CollectionConverters.asJava  # type: ignore[union-attr]
     low: dict[str, Any] = dict.fromkeys(columns)
