@@ -49,13 +49,13 @@ from jobs.config import Config
 from jobs.errors import TxnReconError, first_line
 from jobs.ingest import new_run_id
 from jobs.lock import warehouse_lock
-from jobs.reconcile import latest_as_of
+from jobs.reconcile import last_run, saw_all
 from jobs.session import build_session
 from schemas.bronze import BRONZE
 from schemas.quality import DQ_RESULTS, QUALITY_RUNS, Expectation, Suite, suites
-from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, TXN_LIFECYCLE
+from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, RECONCILE_RUNS, TXN_LIFECYCLE
 from schemas.spark import to_struct
-from transforms.frames import kept, kept_with_size, ranges, within
+from transforms.frames import kept, kept_with_size, ranges, to_pandas_together, within
 from transforms.lifecycle import listed_copies
 from transforms.quality import (
     changed_rows,
@@ -107,13 +107,14 @@ REREAD = {BRONZE[stream].name for stream, _, _ in REFERENCES.values()} | {ANOMAL
 # without the Spark jobs GE runs per metric, which cost a second or more per suite on a batch of any size
 # (a serve cycle's batches are a few thousand rows). A larger one stays in Spark.
 DRIVER_ROWS = 200_000
-AHEAD = 3  # batches made and fetched ahead of the one validated: four of DRIVER_ROWS rows held at most
+AHEAD = 3  # batches fetched alone ahead of the one validated: five times DRIVER_ROWS rows held at most
 KEPT_RESULTS = 30  # GE validation results kept per suite for Data Docs
 ENGINES = {"spark": "txn_recon", "pandas": "txn_recon_driver"}  # GE data source per engine
 # lifecycle_totals reads these tables (by their names in `_cross_batches`); the bronze ones by these times.
 TOTALS_TIMES = {"half": "store_timestamp", "real": "store_timestamp", "offset": "commit_timestamp"}
 TOTALS_TABLES = (*TOTALS_TIMES, "lifecycle", "offset_commits")
-# What lifecycle_totals held up to: {"as_of": ..., "tables": {name: [Delta table id, version]}}.
+# What lifecycle_totals held up to: {"as_of": ..., "tables": {name: [Delta table id, version]}, "saw_all": whether
+# those bronze versions held no event after as_of (`jobs.reconcile.saw_all`)}.
 Totals = dict[str, Any]
 
 
@@ -214,9 +215,9 @@ def check_quality(
         return _table_batch(spark, name, suite, previous, version)
 
     # Two threads throughout, so that the Spark jobs of one batch (most of a small job is the driver's) run
-    # while the other thread's wait or GE validates in the driver. The table batches are made first; then they
-    # are fetched and the cross views made and fetched in a stream, at most AHEAD at a time, each validated
-    # in its turn as it arrives.
+    # while the other thread's wait or GE validates in the driver. The table batches are made first, then the
+    # cross views; every batch but a table's whole snapshot is fetched in one job (`_together`), and the rest
+    # in a stream, at most AHEAD at a time, each validated in its turn as it arrives.
     with ThreadPoolExecutor(2, "quality") as pool:
         tables = [s for s in all_suites if s.layer != "cross"]
         changed = []
@@ -226,20 +227,22 @@ def check_quality(
             else:
                 changed.append(made)
         cross = [s for s in all_suites if s.layer == "cross"]
-        work: list[Batch | Callable[[], Batch]] = [*changed]
+        batches = [*changed]
         if changed:
-            work += _cross_batches(spark, config, cross, outcome, {b.suite.name: b for b in changed},
-                                   None if full else totals)  # fmt: skip
+            batches += pool.map(lambda made: made(), _cross_batches(spark, config, cross, outcome,
+                                                                    {b.suite.name: b for b in changed},
+                                                                    None if full else totals))  # fmt: skip
         else:
             outcome.skipped += [(s.name, "no table changed") for s in cross]
         project = quality_dir(config)
-        waiting = iter(work)
-        ahead = collections.deque(pool.submit(_fetched, w) for w in itertools.islice(waiting, AHEAD))
-        batches = []
-        while ahead:
-            batch, local = ahead.popleft().result()
-            ahead.extend(pool.submit(_fetched, w) for w in itertools.islice(waiting, 1))
-            batches.append(batch)
+        fetched = _together(batches)
+        waiting = iter([b for b in batches if b.suite.name not in fetched])
+        ahead = collections.deque(pool.submit(_fetched, b) for b in itertools.islice(waiting, AHEAD))
+        for batch in batches:
+            local = fetched.pop(batch.suite.name, _ALONE)
+            if local is _ALONE:
+                _, local = ahead.popleft().result()
+                ahead.extend(pool.submit(_fetched, b) for b in itertools.islice(waiting, 1))
             outcome.results += _validate(project, batch, local, run_id, validated_at, config.quality.blocking)
     if outcome.results:
         _append(spark, results_table, outcome.results)
@@ -337,7 +340,7 @@ def _cross_batches(
         outcome.skipped += [(s.name, "needs bronze, txn_lifecycle, offset_commits and anomalies") for s in cross]
         return []
     t = {k: spark.table(v) for k, v in names.items()}
-    as_of = latest_as_of(spark, config)
+    last = last_run(spark, config) if table_exists(spark, config.table(RECONCILE_RUNS.name)) else None
     shown = []
     for name, (stream, _, _) in REFERENCES.items():
         if BRONZE[stream].name in validated:
@@ -349,8 +352,11 @@ def _cross_batches(
     else:
         outcome.skipped.append(("group_findings", f"no new rows in {ANOMALIES.name}"))
     holds = None
-    if as_of is not None:
-        holds = {"as_of": int(as_of), "tables": {k: table_identity(spark, names[k]) for k in TOTALS_TABLES}}
+    if last is not None:
+        tables = {k: table_identity(spark, names[k]) for k in TOTALS_TABLES}
+        # Whether the bronze versions held are those the last reconcile read, and it read every event of them.
+        read_all = saw_all(last) and all(tables[k][1] == last[f"{k}_version"] for k in TOTALS_TIMES)
+        holds = {"as_of": int(last["as_of"]), "tables": tables, "saw_all": read_all}
         shown.append("lifecycle_totals")
     else:
         outcome.skipped.append(("lifecycle_totals", "no reconcile run yet"))
@@ -396,7 +402,10 @@ def _totals(
 
     since = held["as_of"]
     try:
-        half, real, offsets = (gained(t[k], changes(k), time, since, as_of) for k, time in TOTALS_TIMES.items())
+        saw_all = held.get("saw_all", False)
+        half, real, offsets = (
+            gained(t[k], changes(k), time, since, as_of, saw_all) for k, time in TOTALS_TIMES.items()
+        )
         view = lifecycle_gains(t["lifecycle"], changes("lifecycle"), changes("offset_commits"), half, real, offsets,
                                since, as_of)  # fmt: skip
     except AnalysisException as e:  # change data never recorded
@@ -456,10 +465,23 @@ def _define(context: FileDataContext, suite: Suite, engine: str) -> gx.Validatio
     )
 
 
-def _fetched(work: Batch | Callable[[], Batch]) -> tuple[Batch, Any]:
-    """The batch (made first, when it is given as the work that makes it) and `_local` of it."""
-    batch = work() if callable(work) else work
+def _fetched(batch: Batch) -> tuple[Batch, Any]:
     return batch, _local(batch)
+
+
+_ALONE = object()  # a batch `_together` leaves to `_local`
+
+
+def _together(batches: list[Batch]) -> dict[str, Any]:
+    """Per suite, `_local` of each batch but a table's whole snapshot (counted, and fetched alone), fetched in one
+    Spark job instead of one each: DRIVER_ROWS rows at most in all, shared among them. One that fills its share
+    is left out, to be fetched alone."""
+    asked = [b for b in batches if not (b.scope == "full" and b.version is not None)]
+    if not asked:
+        return {}
+    share = DRIVER_ROWS // len(asked)
+    frames = to_pandas_together([b.df for b in asked], share + 1)
+    return {b.suite.name: frame for b, frame in zip(asked, frames, strict=True) if len(frame) <= share}
 
 
 def _local(batch: Batch) -> Any:

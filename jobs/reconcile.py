@@ -200,15 +200,19 @@ def rules_from(config: Config) -> Rules:
     return Rules(**{k: v for k, v in settings.items() if k in fields})
 
 
-def reconcile(spark: SparkSession, config: Config, as_of: int | None = None, full: bool = False) -> int:
-    """Compute and write silver and gold as of `as_of` (by default the latest event in bronze); return it."""
+def reconcile(
+    spark: SparkSession, config: Config, as_of: int | None = None, full: bool = False, latest: int | None = None
+) -> int:
+    """Compute and write silver and gold as of `as_of` (by default the latest event in bronze, `latest` when the
+    caller knows it); return it."""
     started_at = dt.datetime.now(dt.UTC)
     _clock["started"] = started = time.perf_counter()
     bronze = read_bronze(spark, config)
     if as_of is None:
-        as_of = latest_event(spark, config, bronze.frames)
-        if as_of is None:
+        latest = latest if latest is not None else latest_event(spark, config, bronze.frames)
+        if latest is None:
             raise TxnReconError("bronze holds no events yet; nothing to reconcile")
+        as_of = latest
     rules = rules_from(config)
     rebuilt = ensure_outputs(spark, config)
     last = last_run(spark, config)
@@ -230,7 +234,7 @@ def reconcile(spark: SparkSession, config: Config, as_of: int | None = None, ful
     if written is None:
         log.info("reconcile as of %d: full (%s)", as_of, reason)
         written = recompute(spark, config, bronze, as_of, rules, reason or "")
-    record_run(spark, config, bronze, as_of, rules, written, started_at)
+    record_run(spark, config, bronze, as_of, latest, rules, written, started_at)
     log.info("reconcile done: %s, %d transactions, %d queues (%.1f s)", written.mode, written.transactions,
              written.queues, time.perf_counter() - started)  # fmt: skip
     return as_of
@@ -659,9 +663,11 @@ def _as_left(spark: SparkSession, config: Config, schema: Schema, last: Row) -> 
 
 def new_rows(spark: SparkSession, bronze: Bronze, stream: str, last: Row, as_of: int) -> DataFrame:
     """Rows the last run did not see: appended since the version it read (Change Data Feed), or already
-    there but after its as_of; in both cases up to this run's as_of."""
+    there but after its as_of; in both cases up to this run's as_of. A run as of the latest event it read (as
+    a service's are) left none of the latter: their scan, a Spark job to list the table's files, is skipped."""
     ts, frame = F.col(TIME[stream]), bronze.frames[stream]
-    window = frame.where((ts > last["as_of"]) & (ts <= as_of))
+    # A filter Spark folds to no rows, and so no scan.
+    window = frame.where(F.lit(False) if saw_all(last) else (ts > last["as_of"]) & (ts <= as_of))
     since, now = last[f"{stream}_version"], bronze.versions[stream]
     if since == now:
         return window
@@ -674,6 +680,13 @@ def new_rows(spark: SparkSession, bronze: Bronze, stream: str, last: Row, as_of:
         .where((F.col("_change_type") == "insert") & (ts <= as_of))
     )
     return window.unionByName(added.select(*frame.columns))
+
+
+def saw_all(run: Row) -> bool:
+    """Whether a reconcile run's as_of was the latest event in the bronze versions it read: they held nothing
+    later. Not known of a run given its as_of, nor of one an older version made."""
+    until = run.asDict().get("events_until")
+    return until is not None and until <= run["as_of"]
 
 
 def born_since(earliest: int | None) -> str:
@@ -769,13 +782,13 @@ def _consumption() -> Column:
 
 
 def record_run(
-    spark: SparkSession, config: Config, bronze: Bronze, as_of: int, rules: Rules, written: Written,
-    started_at: dt.datetime,
+    spark: SparkSession, config: Config, bronze: Bronze, as_of: int, latest: int | None, rules: Rules,
+    written: Written, started_at: dt.datetime,
 ) -> None:  # fmt: skip
     row = {
         "run_id": new_run_id(started_at, "reconcile"), "mode": written.mode, "reason": written.reason,
         "as_of": as_of, "rules": rules_json(rules), "transactions": written.transactions, "queues": written.queues,
-        "wants": written.wants,
+        "wants": written.wants, "events_until": latest,
         **{f"{s}_version": v for s, v in bronze.versions.items()},
         **{f"{s.name}_version": table_version(spark, config.table(s.name)) for s in OUTPUTS},
         "started_at": started_at.replace(tzinfo=None), "finished_at": dt.datetime.now(dt.UTC).replace(tzinfo=None),

@@ -176,7 +176,7 @@ class Engine:
             self.latest_event = max([self.latest_event, *read])
 
     def reconcile(self, c: Cycle) -> None:
-        self.latest_event = reconcile.reconcile(self.spark, self.config, self.latest_event)
+        self.latest_event = reconcile.reconcile(self.spark, self.config, latest=self.latest_event)
 
     def quality(self, c: Cycle) -> None:
         # The dashboard's reconciled part does not read what quality writes: it is gathered meanwhile, in a

@@ -103,6 +103,12 @@ RECONCILE_RUNS = Schema(
         Field("consumer_version", "long", nullable=True, doc="the snapshot tables' versions read (null: not recorded)"),
         Field("copy_version", "long", nullable=True),
         Field("topology_version", "long", nullable=True),
+        Field(
+            "events_until",
+            "long",
+            nullable=True,
+            doc="the latest event in the bronze versions read, when the run knew it (null: as_of was given)",
+        ),
     ),
     key=("run_id",),
 )

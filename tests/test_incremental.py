@@ -98,11 +98,12 @@ def test_incremental_runs_equal_a_full_recompute_on_chaos(spark: SparkSession, c
             (landing / s).mkdir(parents=True, exist_ok=True)
             (landing / s / f"part-{step}.jsonl").write_text("".join(line + "\n" for line in lines))
         ingest(spark, cfg, landing, f"step-{step}")
-        # Step 2 reconciles as of a time before its latest event; step 3 must then pick the rest up.
+        # Step 2 reconciles as of a time before its latest event; step 3 must then pick the rest up. Steps 1 and 3
+        # reconcile as of the latest event, as a service does: the run after step 1 reads only what bronze gained.
         bronze = read_bronze(spark, cfg)
         latest = max(r[0] for s in STREAMS for r in bronze.frames[s].agg({TIME[s]: "max"}).collect())
-        as_of = latest - 30_000 if step == 2 else latest
-        reconcile(spark, cfg, as_of=as_of)
+        as_of = reconcile(spark, cfg, as_of=latest - 30_000 if step == 2 else None)
+        assert as_of == (latest - 30_000 if step == 2 else latest)
         expected = full_view(bronze.frames, as_of, rules)
         # The counts an incremental run adds up from the deliveries' changes equal those counted here, whole.
         expected[DELIVERY_COUNTS.name] = spark.createDataFrame(
@@ -131,6 +132,8 @@ def test_incremental_runs_equal_a_full_recompute_on_chaos(spark: SparkSession, c
 
     runs = spark.table(cfg.table("reconcile_runs")).orderBy("finished_at").collect()
     assert [r["mode"] for r in runs] == ["full", "incremental", "incremental"], [r["reason"] for r in runs]
+    # What each run knew of bronze's latest event: nothing when its as_of was given.
+    assert [r["events_until"] for r in runs] == [runs[0]["as_of"], None, runs[2]["as_of"]]
     # The last run left findings it found as they were untouched: their as_of is an earlier run's.
     assert {r["as_of"] for r in spark.table(cfg.table("anomalies")).collect()} > {runs[-1]["as_of"]}
     total = spark.table(cfg.table("txn_lifecycle")).count()

@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from jobs import quality
-from jobs.catalog import create_table
+from jobs.catalog import create_table, table_version
 from jobs.cli import main
 from jobs.config import Config
 from jobs.quality import (
@@ -37,7 +37,7 @@ from schemas.quality import QUALITY_RUNS, suites
 from schemas.spark import to_struct
 from tests.test_ingest import fresh_db, ingest, make_landing, op_record
 from transforms.lifecycle import DISCARD_TOPIC
-from transforms.quality import GROUP_FINDINGS, changed_rows, lifecycle_gains, lifecycle_totals
+from transforms.quality import GROUP_FINDINGS, changed_rows, gained, lifecycle_gains, lifecycle_totals
 
 NOW = dt.datetime(2026, 11, 21, 3, 0, 0)
 
@@ -317,6 +317,31 @@ def test_silver_and_gold_are_validated_by_what_changed(spark: SparkSession, conf
 
 
 @pytest.mark.spark
+def test_what_a_count_gained_after_one_that_saw_every_row_is_its_change_feed(
+    spark: SparkSession, config: Config
+) -> None:
+    """A count up to 100 at a version that held no row after 100 (`saw_all`): what a count up to 200 now gained,
+    a late row at or before 100, one after it, and one taken away, is the change feed's alone, as the table
+    and the change feed together say."""
+    table = fresh_db(spark, config, "t_quality_gained").table("gains")
+    spark.sql(f"CREATE TABLE {table} (k STRING, t LONG) USING delta TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    rows = "k string, t long"
+    spark.createDataFrame([("a", 50), ("b", 90)], rows).write.insertInto(table)
+    counted = table_version(spark, table)
+    spark.createDataFrame([("c", 150), ("d", 250), ("e", 80)], rows).write.insertInto(table)
+    spark.sql(f"DELETE FROM {table} WHERE k = 'a'")
+    changes = (
+        spark.read.option("readChangeFeed", "true").option("startingVersion", counted + 1)
+        .option("endingVersion", table_version(spark, table)).table(table)
+    )  # fmt: skip
+
+    def found(saw_all: bool) -> list[tuple[Any, ...]]:
+        return sorted(tuple(r) for r in gained(spark.table(table), changes, "t", 100, 200, saw_all).collect())
+
+    assert found(True) == found(False) == [("a", 50, -1), ("c", 150, 1), ("e", 80, 1)]
+
+
+@pytest.mark.spark
 def test_the_totals_are_checked_from_where_they_last_held(spark: SparkSession, config: Config, tmp_path: Path) -> None:
     """lifecycle_totals reads what changed since the run they last held at: what reconcile added after its
     as_of, found as the whole tables find it; a transaction silver lost count of is named. After a failure
@@ -337,10 +362,12 @@ def test_the_totals_are_checked_from_where_they_last_held(spark: SparkSession, c
         return json.loads(last_run["totals"]) if last_run["totals"] else None  # type: ignore[index]
 
     assert totals("dq-totals-1") == ("full", 5, True) and held()["as_of"] == (first + last) // 2
+    assert held()["saw_all"] is False  # bronze holds events after that as_of
     reconcile(spark, cfg)
     check_quality(spark, cfg, "dq-totals-2", NOW)
     scope, gains, ok = totals("dq-totals-2")
     assert (scope, ok) == ("incremental", True) and gains > 5  # a row per count a transaction gained, and more
+    assert held()["saw_all"] is True  # as of the latest event: the next check reads bronze's change feed alone
     t = {n: spark.table(cfg.table(n)) for n in ("txn_lifecycle", "offset_commits", "half_events", "real_events",
                                                 "offset_events")}  # fmt: skip
     whole = lifecycle_totals(t["txn_lifecycle"], t["offset_commits"], t["half_events"], t["real_events"],

@@ -25,7 +25,16 @@ from transforms.anomalies import (
     rechecked_after_resolution,
     stuck_half,
 )
-from transforms.frames import Asking, folds_empty, gathered, kept_with_ranges, kept_with_size, ranges, within
+from transforms.frames import (
+    Asking,
+    folds_empty,
+    gathered,
+    kept_with_ranges,
+    kept_with_size,
+    ranges,
+    to_pandas_together,
+    within,
+)
 from transforms.lifecycle import Rules, facts, lifecycle, listed_copies, resolutions, resolved_offsets
 from transforms.scope import touched_transactions
 from transforms.trace import answered
@@ -391,3 +400,35 @@ def test_queries_asked_together_are_answered_by_one_spark_job_a_round(spark: Spa
     assert [(n, gone, s, n2) for n, gone, s, n2 in found[1]] == [(r[0], None, r[2].asDict(), r[3]) for r in wanted[1]]
     assert found[2] == wanted[2] == [] and found[3] == wanted[3]
     assert [tuple(r) for r in found[4]] == [(30,)]
+
+
+def test_frames_fetched_together_are_those_to_pandas_gives_in_one_spark_job(spark: SparkSession) -> None:
+    """Several queries fetched as pandas frames in one job: each the frame `toPandas` gives of its first `limit`
+    rows, whatever its column types (nulls in a number, a timestamp, a struct, an array), an empty one
+    included, and names repeated within a query or across queries."""
+    import datetime as dt
+
+    import pandas as pd
+
+    df = spark.createDataFrame(
+        [(i, None if i % 4 else i * 10, f"k{i % 3}", dt.datetime(2026, 1, 1, 0, 0, i), [i, i + 1], i % 2 == 0)
+         for i in range(12)],
+        "n long, maybe int, k string, at timestamp, pair array<long>, even boolean",
+    ).persist()  # fmt: skip
+    queries = [
+        df.select("n", "maybe", "at", F.struct("k", "at").alias("s"), "pair", F.col("n").alias("n")),
+        df.where("n < 0"),
+        df.groupBy("k").agg(F.count(F.lit(1)).alias("n"), F.max("at").alias("at")).orderBy("k"),
+        df.select("even", "k"),
+    ]
+    wanted = [q.limit(5).toPandas() for q in queries]
+    before = jobs_started(spark)
+    found = to_pandas_together(queries, 5)
+    assert jobs_started(spark) == before + 1
+    assert [len(f) for f in found] == [5, 0, 3, 5]
+
+    def ordered(frame: pd.DataFrame) -> pd.DataFrame:  # by the first column (names repeat)
+        return frame.iloc[frame.iloc[:, 0].astype(str).argsort(kind="stable")].reset_index(drop=True)
+
+    for got, want in zip(found, wanted, strict=True):
+        pd.testing.assert_frame_equal(ordered(got), ordered(want))

@@ -5,8 +5,11 @@ import json
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Observation, Row
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import _create_converter_to_pandas
 
 T = TypeVar("T")
 # A computation that asks Spark some queries at a time (yields them) and is sent their rows, until it returns.
@@ -169,3 +172,54 @@ def collected(queries: list[DataFrame]) -> list[list[Row]]:
     for i, row in functools.reduce(DataFrame.union, packed).collect():
         out[i].append(shapes[i](*json.loads(row).values()))
     return out
+
+
+def to_pandas_together(queries: list[DataFrame], limit: int) -> list[Any]:
+    """`toPandas` of each of `queries`, at most `limit` rows of each, in one Spark job: each query's rows travel
+    as a struct column of their own beside the query's number, through Arrow, and each frame is converted as
+    `toPandas` converts it (with Arrow; without, each query is fetched alone)."""
+    spark = queries[0].sparkSession if queries else None
+    if spark is None or len(queries) == 1 or spark.conf.get("spark.sql.execution.arrow.pyspark.enabled") != "true":
+        return [q.limit(limit).toPandas() for q in queries]
+    positional = [q.toDF(*[f"_{k}" for k in range(len(q.columns))]) for q in queries]
+    branches = [
+        q.limit(limit).select(F.lit(i).alias("_q"), *[
+            F.struct("*").alias(f"_{j}") if j == i else F.lit(None).cast(p.schema).alias(f"_{j}")
+            for j, p in enumerate(positional)
+        ])
+        for i, q in enumerate(positional)
+    ]  # fmt: skip
+    # Arrow batches as toPandas gets them: `toArrow` casts to the union's schema, where a struct's fields may
+    # not be null, which they are in the rows of the other queries.
+    batches = functools.reduce(DataFrame.union, branches)._collect_as_arrow()  # type: ignore[operator]
+    table = pa.Table.from_batches(batches) if batches else None
+    timezone = spark.conf.get("spark.sql.session.timeZone")
+    return [
+        _as_pandas(None if table is None else table.filter(pc.equal(table["_q"], i)).column(f"_{i}"), q, timezone)
+        for i, q in enumerate(queries)
+    ]
+
+
+def _as_pandas(rows: Any, query: DataFrame, timezone: str | None) -> Any:
+    """A query's rows, an Arrow struct array, as `toPandas` (Arrow enabled, pyspark 4.1) gives them: no row gives
+    untyped empty columns; else each column as Arrow converts it, then as Spark converts that for its type."""
+    import pandas as pd
+
+    if rows is None or len(rows) == 0:
+        frame = pd.DataFrame(columns=query.columns)
+    else:
+        flat = pa.Table.from_struct_array(rows.combine_chunks())
+        frame = flat.rename_columns([f"col_{k}" for k in range(flat.num_columns)]).to_pandas(
+            date_as_object=True, coerce_temporal_nanoseconds=True
+        )
+        frame.columns = query.columns
+    if not len(frame.columns):
+        return frame
+    mode = query.sparkSession.conf.get("spark.sql.execution.pandas.structHandlingMode")
+    convert = [
+        _create_converter_to_pandas(f.dataType, f.nullable, timezone=timezone,
+                                    struct_in_pandas="dict" if mode == "legacy" else mode,
+                                    error_on_duplicated_field_names=mode == "legacy")
+        for f in query.schema.fields
+    ]  # fmt: skip
+    return pd.concat([c(column) for c, (_, column) in zip(convert, frame.items(), strict=True)], axis="columns")

@@ -123,12 +123,18 @@ def _change_sign() -> Column:
     return F.when(F.col("_change_type").isin("insert", "update_postimage"), 1).otherwise(-1)
 
 
-def gained(df: DataFrame, changes: DataFrame, time_col: str, since: int, as_of: int) -> DataFrame:
+def gained(
+    df: DataFrame, changes: DataFrame, time_col: str, since: int, as_of: int, saw_all: bool = False
+) -> DataFrame:
     """The rows of bronze table `df` that a count up to `as_of` holds and one up to `since` at an earlier
     version did not, each with `_sign` (+1, or -1 for a row that version held and this one does not):
     the rows stored after `since`, and those at or before it that `changes` (the table's Change Data Feed
-    since that version) added or removed. Both reach only recent files as a rule, by their times."""
+    since that version) added or removed. Both reach only recent files as a rule, by their times. When that
+    version held no row after `since` (`saw_all`), every row stored after it came since, and `changes` alone
+    tell them: the table is not read."""
     t = F.col(time_col)
+    if saw_all:
+        return changes.where(t <= as_of).select(*df.columns, _change_sign().alias("_sign"))
     return (
         df.where((t > since) & (t <= as_of))
         .withColumn("_sign", F.lit(1))
