@@ -61,6 +61,7 @@ from schemas.bronze import BRONZE, EVENT_TIME, INGEST_FILES
 from schemas.model import Schema
 from schemas.reconciled import (
     ANOMALIES,
+    BROKER_WINDOWS,
     BROKER_WRITES,
     DELIVERIES,
     DELIVERY_COUNTS,
@@ -105,6 +106,7 @@ from transforms.topology import (
     passes,
     stored_writes,
     topic_gaps,
+    window_totals,
 )
 from transforms.trace import CONSUMPTION_TYPES, attempts, consumption_findings
 
@@ -123,7 +125,7 @@ TIME = {s: EVENT_TIME[s] for s in ("half", "op", "real", "offset", "trace")}
 SNAPSHOT_TIME = EVENT_TIME["consumer"]
 # Anomaly types every run recomputes whole, whatever changed.
 WHOLE_TYPES = ("OFFSET_REGRESSION", *GROUP_TYPES, *TOPOLOGY_TYPES)
-OUTPUTS = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES, DELIVERIES, DELIVERY_COUNTS)
+OUTPUTS = (TXN_LIFECYCLE, OFFSET_COMMITS, ANOMALIES, DELIVERIES, DELIVERY_COUNTS, BROKER_WINDOWS)
 # An offset commit as landed: its queue's previous commit, the rest of its row, follows from the others.
 COMMIT_KEY = list(OFFSET_COMMITS.names[:8])
 # Bronze history entries that only add rows (or move them without changing data).
@@ -409,6 +411,7 @@ def full_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> dict[st
         OFFSET_COMMITS.name: commits_df,
         ANOMALIES.name: found,
         DELIVERIES.name: delivered,
+        BROKER_WINDOWS.name: windows_of(frames, as_of, rules),
     }
 
 
@@ -443,19 +446,28 @@ def consumption(trace: DataFrame, real: DataFrame, delivered: DataFrame, found: 
     return consumption_findings(attempts(trace), real, delivered, explaining, as_of)
 
 
-def cluster_anomalies(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> DataFrame:
+def cluster_anomalies(frames: dict[str, DataFrame], as_of: int, rules: Rules,
+                      windows: DataFrame | None = None) -> DataFrame:  # fmt: skip
     """TOPIC_NOT_ON_BROKER and BROKER_WITHOUT_WRITES (`transforms.topology`), recomputed whole every run: the
-    topology's changes and each broker's writes per window are collected, and the rules run in the driver."""
+    topology's changes and each broker's writes per window (`windows`, broker_windows' rows; from bronze when
+    not given) are collected, and the rules run in the driver."""
     topology = frames["topology"]
     rows = changes(topology.where(F.col("snapshot_ts") <= as_of)).select(*COLUMNS).collect()
     history, found = passes(r.asDict() for r in rows), []
     if history:
         size = rules.idle_window_ms
-        stored = stored_writes(frames["half"], frames["real"], size, 0, as_of // size * size).collect()
-        writes = {(r["broker_name"], r["window"]): r["messages"] for r in stored}
+        stored = window_totals(windows if windows is not None else windows_of(frames, as_of, rules))
+        done = stored.where(F.col("window_ts") < as_of // size * size).collect()  # the windows ended by as_of
+        writes = {(r["broker_name"], r["window_ts"] // size): r["messages"] for r in done}
         found = anomaly_rows(topic_gaps(history, as_of, rules), idle_brokers(history, writes, as_of, rules), as_of,
                              size)  # fmt: skip
     return topology.sparkSession.createDataFrame(found, to_struct(ANOMALIES))
+
+
+def windows_of(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> DataFrame:
+    """broker_windows' rows from bronze: every write up to `as_of`."""
+    half, real = (frames[s].transform(up_to(as_of, TIME[s])) for s in ("half", "real"))
+    return stored_writes(half, real, rules.idle_window_ms)
 
 
 def refused_by_filters(snapshots: DataFrame, commits: DataFrame, real: DataFrame, seen: bool | None = None) -> Refusals:
@@ -503,6 +515,7 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
             _progress("anomalies merged")
             _replace_deliveries(config, delivered)
             _progress("deliveries written")
+            _replace(config, BROKER_WINDOWS, windows_of(bronze.frames, as_of, rules))
             return written.result()
     finally:
         life.unpersist()
@@ -597,9 +610,14 @@ def incremental(
         changed, counts = kept(differing(life.select(*TXN_LIFECYCLE.names), stored, ID), *change_counts("born_ts"))
         upsert(spark, config, TXN_LIFECYCLE, changed, ID, counts, born_since)
         _progress("txn_lifecycle merged: %d rows changed, %d added", counts["updated"], counts["added"])
+        # What the new events add to broker_windows: a row per broker and window they fall in.
+        windows = config.table(BROKER_WINDOWS.name)
+        added = stored_writes(new["half"], new["real"], rules.idle_window_ms)
+        if not folds_empty(added):
+            added.write.insertInto(windows)
         q = queue_part.result()
         found = [transaction_anomalies(life, as_of, rules, trace), q.whole,
-                 cluster_anomalies(bronze.frames, as_of, rules)]  # fmt: skip
+                 cluster_anomalies(bronze.frames, as_of, rules, spark.table(windows))]  # fmt: skip
         # The consumption trace's findings are compared with the deliveries this run merges, so that with such a
         # trace the anomalies wait for the deliveries; one merge writes every finding, so that a reader sees the
         # anomalies as they were before a run or after it, never in between.
@@ -662,12 +680,14 @@ def _as_left(spark: SparkSession, config: Config, schema: Schema, last: Row) -> 
 
 
 def new_rows(spark: SparkSession, bronze: Bronze, stream: str, last: Row, as_of: int) -> DataFrame:
-    """Rows the last run did not see: appended since the version it read (Change Data Feed), or already
-    there but after its as_of; in both cases up to this run's as_of. A run as of the latest event it read (as
-    a service's are) left none of the latter: their scan, a Spark job to list the table's files, is skipped."""
+    """Rows the last run did not see, each once (broker_windows adds them up), up to this run's as_of: those
+    after its as_of, and those appended since the version it read (Change Data Feed) at or before its as_of. A run
+    as of the latest event it read (as a service's are) left none after its as_of in that version: every such row
+    is appended since, and the scan of the rest, a Spark job to list the table's files, is skipped."""
     ts, frame = F.col(TIME[stream]), bronze.frames[stream]
+    seen = saw_all(last)
     # A filter Spark folds to no rows, and so no scan.
-    window = frame.where(F.lit(False) if saw_all(last) else (ts > last["as_of"]) & (ts <= as_of))
+    window = frame.where(F.lit(False) if seen else (ts > last["as_of"]) & (ts <= as_of))
     since, now = last[f"{stream}_version"], bronze.versions[stream]
     if since == now:
         return window
@@ -677,7 +697,7 @@ def new_rows(spark: SparkSession, bronze: Bronze, stream: str, last: Row, as_of:
         .option("startingVersion", since + 1)
         .option("endingVersion", now)
         .table(bronze.tables[stream])
-        .where((F.col("_change_type") == "insert") & (ts <= as_of))
+        .where((F.col("_change_type") == "insert") & (ts <= (as_of if seen else last["as_of"])))
     )
     return window.unionByName(added.select(*frame.columns))
 

@@ -32,9 +32,11 @@ from jobs.quality import LATEST_RUNS  # runs listed per kind of run, the latest 
 from jobs.session import build_session
 from schemas import LANDING
 from schemas.quality import DELIVERY_STATUSES
+from schemas.reconciled import BROKER_WINDOWS
 from transforms.consumers import holders, islands, snapshots, subscription_text
 from transforms.frames import Asking, gathered, kept_with_ranges, together, within
 from transforms.lifecycle import ID
+from transforms.topology import window_totals
 
 log = logging.getLogger(__name__)
 
@@ -239,24 +241,20 @@ def _findings(keyed: DataFrame) -> Asking[dict[str, list[dict[str, Any]]]]:
 
 
 def _brokers(spark: SparkSession, config: Config) -> Asking[dict[str, Any]]:
-    """Writes per broker over time (the broker_writes view, bucketed as the other charts), and every broker of
-    the topology, at zero where it stored nothing."""
+    """Writes per broker over time (broker_windows, bucketed as the other charts), and every broker of the
+    topology, at zero where it stored nothing."""
     writes, brokers = yield from together(_broker_writes(spark, config), _topology_brokers(spark, config))
     return writes | brokers
 
 
 def _broker_writes(spark: SparkSession, config: Config) -> Asking[dict[str, Any]]:
     out: dict[str, Any] = {"broker_writes": _no_times()}
-    view = config.table("broker_writes")
-    if table_exists(spark, view):
-        # Per broker and minute, kept: the view reads every stored half and message, and the chart reads it
-        # twice (its span, then its buckets).
-        writes = (
-            spark.table(view).groupBy("broker_name", "minute_ts")
-            .agg(F.sum(F.col("messages") + F.col("halves")).alias("n")).persist()
-        )  # fmt: skip
+    table = config.table(BROKER_WINDOWS.name)
+    if table_exists(spark, table):
+        # Kept: the chart reads the totals twice (their span, then their buckets).
+        writes = window_totals(spark.table(table)).persist()
         try:
-            out["broker_writes"] = yield from _per_bucket(writes)
+            out["broker_writes"] = yield from _per_bucket(writes, config.thresholds.idle_window_ms)
         finally:
             writes.unpersist()
     return out
@@ -284,14 +282,15 @@ def _cluster_findings(counts: dict[str, int], listed: Listed) -> dict[str, Any]:
     }
 
 
-def _per_bucket(writes: DataFrame) -> Asking[dict[str, Any]]:
-    """Writes per (bucket, broker) of the per-minute counts `writes`, the buckets sized as the other charts'."""
-    [[span]] = yield [writes.agg(F.min("minute_ts").alias("first"), F.max("minute_ts").alias("last"))]
+def _per_bucket(writes: DataFrame, window_ms: int) -> Asking[dict[str, Any]]:
+    """Writes per (bucket, broker) of the per-window counts `writes`, the buckets sized as the other charts' but
+    never shorter than a window."""
+    [[span]] = yield [writes.agg(F.min("window_ts").alias("first"), F.max("window_ts").alias("last"))]
     if span["first"] is None:
         return _no_times()
-    width = max(bucket_ms(span["first"], span["last"]), 60_000)  # the view counts per minute
-    bucket = (F.floor(F.col("minute_ts") / width) * width).alias("bucket")
-    [rows] = yield [writes.groupBy(bucket, "broker_name").agg(F.sum("n").alias("n"))]
+    width = max(bucket_ms(span["first"], span["last"]), window_ms)
+    bucket = (F.floor(F.col("window_ts") / width) * width).alias("bucket")
+    [rows] = yield [writes.groupBy(bucket, "broker_name").agg(F.sum("messages").alias("n"))]
     return {"bucket_ms": width, "counts": [(int(r["bucket"]), r["broker_name"], r["n"]) for r in rows]}
 
 

@@ -24,7 +24,8 @@ from jobs.config import CONF_DIR, Config, host_port
 from jobs.errors import TxnReconError
 from jobs.story import page
 from schemas.quality import DELIVERY_STATUSES
-from transforms.topology import stored_writes
+from schemas.reconciled import BROKER_WINDOWS
+from transforms.topology import window_totals
 
 if TYPE_CHECKING:
     from jobs.serve import Cycle
@@ -157,12 +158,12 @@ class Metrics:
             self.topic_missing.labels(cluster, topic).set(n)
 
     def _read_tables(self, spark: SparkSession, config: Config, as_of: int) -> None:
-        """What the dashboard does not gather: each broker's writes in the last window (its store times bound
-        the read: Delta skips older files) and the check service's backlogs at the last collect."""
+        """What the dashboard does not gather: each broker's writes in the last window ended by as_of (from
+        broker_windows) and the check service's backlogs at the last collect."""
         size = config.thresholds.idle_window_ms
         last = (as_of // size - 1) * size
-        half, real = (spark.table(config.table(f"{s}_events")) for s in ("half", "real"))
-        for r in stored_writes(half, real, size, last, last + size).collect():
+        windows = spark.table(config.table(BROKER_WINDOWS.name)).where(F.col("window_ts") == last)
+        for r in window_totals(windows).collect():
             self.broker_writes.labels(r["broker_name"]).set(r["messages"])
         if table_exists(spark, config.table("collect_runs")):
             latest = (spark.table(config.table("collect_runs")).where("broker_name IS NOT NULL")

@@ -109,6 +109,7 @@ RECONCILE_RUNS = Schema(
             nullable=True,
             doc="the latest event in the bronze versions read, when the run knew it (null: as_of was given)",
         ),
+        Field("broker_windows_version", "long", nullable=True, doc="null: written by an older version"),
     ),
     key=("run_id",),
 )
@@ -149,6 +150,25 @@ DELIVERY_COUNTS = Schema(
         Field("duplicates_expected", "long", doc="their duplicates_expected, summed"),
     ),
     key=("consumer_group", "status", "second_ts"),
+)
+
+# Silver: what producers stored on each broker per window of thresholds.idle_window_ms, kept by reconcile for
+# BROKER_WITHOUT_WRITES, the dashboard's writes chart and the broker metric. A full run writes a row per broker
+# and window; an incremental one appends a row per broker and window its new events fall in. A window's total
+# is the sum of its rows (`transforms.topology.window_totals`): an append is one Spark job where a merge took
+# several. Its size follows the windows and the runs, not the messages.
+BROKER_WINDOWS = Schema(
+    "broker_windows",
+    (
+        Field("broker_name", "string"),
+        Field("window_ts", "long", doc="the window's start, epoch milliseconds"),
+        Field(
+            "messages",
+            "long",
+            doc="original halves (not check copies) and business messages (not discards) "
+            "stored; a window's total is the sum of its rows, as an incremental run adds one",
+        ),
+    ),
 )
 
 # A view over bronze (created by reconcile): what producers stored on each broker, per topic and minute; the

@@ -226,3 +226,11 @@ def test_broker_b_stored_nothing_until_the_route_reached_the_producer(spark: Spa
     firsts = writes.groupBy("broker_name").agg(F.min("minute_ts").alias("first")).collect()
     first_minute = {r["broker_name"]: r["first"] for r in firsts}
     assert first_minute["broker-b"] >= played.update[0] // 60_000 * 60_000 and "broker-a" in first_minute
+    # broker_windows, which the rule, the chart and the metric read, counts the same writes per broker.
+    per_broker = spark.table(played.cfg.table("broker_writes")).groupBy("broker_name").agg(
+        F.sum(F.col("messages") + F.col("halves")).alias("n"))  # fmt: skip
+    windows = spark.table(played.cfg.table("broker_windows"))
+    assert sorted(windows.groupBy("broker_name").agg(F.sum("messages").alias("n")).collect()) == sorted(
+        per_broker.collect())  # fmt: skip
+    [[first_window]] = windows.where(F.col("broker_name") == "broker-b").agg(F.min("window_ts")).collect()
+    assert first_window >= played.update[0] // WINDOW_MS * WINDOW_MS

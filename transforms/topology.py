@@ -4,7 +4,8 @@ topology stream (schemas.landing.TOPOLOGY) and the writes each broker stored.
 The topology is small (a few rows a pass, tables and routes only when they change) and the rules follow it
 pass by pass, so they run in the driver as plain Python over its rows: `passes` rebuilds what each pass saw,
 `topic_gaps` and `idle_brokers` judge it, `anomaly_rows` writes their findings as anomaly rows. `changes` and
-`stored_writes` are what Spark computes for them; reconcile collects both (`jobs.reconcile.cluster_anomalies`).
+`stored_writes` are what Spark computes for them (the latter kept as running totals in broker_windows); reconcile
+collects both (`jobs.reconcile.cluster_anomalies`).
 
 RocketMQ's own delays are not findings (reference: a broker registers with the name server every 30 s,
 registerNameServerPeriod; a client asks for routes every 30 s, pollNameServerInterval): a topic must be
@@ -273,18 +274,24 @@ def _row(kind: str, reason: str | None, f: dict[str, Any], topic: str | None, de
             "detail": json.dumps(detail, separators=(",", ":"))}  # fmt: skip
 
 
-def stored_writes(half_df: DataFrame, real_df: DataFrame, window_ms: int, since: int, before: int) -> DataFrame:
-    """(broker_name, window, messages): what producers stored per broker and window in [since, before): original
-    halves (a check copy is the broker's own) and business messages (not discards)."""
+def stored_writes(half_df: DataFrame, real_df: DataFrame, window_ms: int) -> DataFrame:
+    """(broker_name, window_ts, messages): what producers stored per broker and window, broker_windows' rows:
+    original halves (a check copy is the broker's own) and business messages (not discards)."""
     halves = half_df.where(F.col("check_times").isNull() & F.col("topic").isin(HALF_TOPIC, ROCKSDB_HALF_TOPIC))
     messages = real_df.where(F.col("topic") != DISCARD_TOPIC)
     stores = [df.select("broker_name", "store_timestamp") for df in (halves, messages)]
+    window = (F.floor(F.col("store_timestamp") / window_ms) * window_ms).cast("long")
     return (
         stores[0].unionByName(stores[1])
-        .where((F.col("store_timestamp") >= since) & (F.col("store_timestamp") < before))
-        .groupBy("broker_name", F.floor(F.col("store_timestamp") / window_ms).cast("long").alias("window"))
+        .groupBy("broker_name", window.alias("window_ts"))
         .agg(F.count(F.lit(1)).alias("messages"))
     )  # fmt: skip
+
+
+def window_totals(windows: DataFrame) -> DataFrame:
+    """(broker_name, window_ts, messages) per broker and window: the sum of broker_windows' rows of each, which
+    an incremental reconcile adds to."""
+    return windows.groupBy("broker_name", "window_ts").agg(F.sum("messages").cast("long").alias("messages"))
 
 
 def changes(topology_df: DataFrame) -> DataFrame:
