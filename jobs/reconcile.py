@@ -423,8 +423,9 @@ def silver_view(frames: dict[str, DataFrame], as_of: int, rules: Rules) -> tuple
 
 
 def gold_view(frames: dict[str, DataFrame], life: DataFrame, commits_df: DataFrame, snapshots: DataFrame, as_of: int,
-              rules: Rules) -> tuple[DataFrame, DataFrame]:  # fmt: skip
-    """The anomalies and the deliveries, from silver, the consumer snapshots up to `as_of` and bronze."""
+              rules: Rules, windows: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:  # fmt: skip
+    """The anomalies and the deliveries, from silver, the consumer snapshots up to `as_of` and bronze (and
+    broker_windows' rows, `windows`, when written: `cluster_anomalies`)."""
     real, trace = (frames[s].transform(up_to(as_of, TIME[s])) for s in ("real", "trace"))
     # Findings and refusals are few, and both the anomalies and the deliveries read them: computed once, kept.
     snapshotted = not snapshots.isEmpty()
@@ -434,7 +435,7 @@ def gold_view(frames: dict[str, DataFrame], life: DataFrame, commits_df: DataFra
     whole = commits_df.transform(offset_regressions(real, as_of)).unionByName(groups).localCheckpoint()
     # Checkpointed: the consumption trace's findings join it twice, and planning over its whole plan took seconds.
     delivered = deliveries(real, snapshots, commits_df, frames["copy"], whole, refused, as_of).localCheckpoint()
-    found = [transaction_anomalies(life, as_of, rules, trace), whole, cluster_anomalies(frames, as_of, rules),
+    found = [transaction_anomalies(life, as_of, rules, trace), whole, cluster_anomalies(frames, as_of, rules, windows),
              consumption(trace, real, delivered, whole, as_of)]  # fmt: skip
     return union_all(found), delivered
 
@@ -510,12 +511,14 @@ def recompute(spark: SparkSession, config: Config, bronze: Bronze, as_of: int, r
         # beside their jobs: the cores are shared, and neither waits for the other's planning.
         with ThreadPoolExecutor(1, "reconcile") as pool:
             written = pool.submit(silver)
-            found, delivered = gold_view(bronze.frames, life, commits_df, snapshots, as_of, rules)
+            # Written first: the cluster rules then read its totals, not every half and message again.
+            windows = config.table(BROKER_WINDOWS.name)
+            _replace(config, BROKER_WINDOWS, windows_of(bronze.frames, as_of, rules))
+            found, delivered = gold_view(bronze.frames, life, commits_df, snapshots, as_of, rules, spark.table(windows))
             merge_anomalies(spark, config, found)
             _progress("anomalies merged")
             _replace_deliveries(config, delivered)
             _progress("deliveries written")
-            _replace(config, BROKER_WINDOWS, windows_of(bronze.frames, as_of, rules))
             return written.result()
     finally:
         life.unpersist()
