@@ -354,9 +354,10 @@ def _write_batch(
     elif size <= SMALL_BATCH_BYTES:
         # A small batch against a large table: bronze cut down to the batch's keys, first to their ranges (so
         # Delta reads its recent files only, as a rule), then by broadcasting them, instead of shuffling every
-        # stored key to join with a few new ones.
+        # stored key to join with a few new ones. The few left are then shuffled to the batch's keys, which are
+        # grouped by key already: sized by the table, they were broadcast, a Spark job more.
         keys, bounds = kept_with_ranges(batch.select(*bronze.key).distinct(), bronze.key)
-        stored = within(stored, bounds).join(F.broadcast(keys), on=list(bronze.key), how="left_semi")
+        stored = within(stored, bounds).join(F.broadcast(keys), on=list(bronze.key), how="left_semi").hint("merge")
     found, sizes = kept(
         key_facts(bronze.key, batch, stored), F.count(F.lit(1)).alias("keys"),
         F.count_if(F.col("_copies") > 1).alias("contested"),

@@ -27,7 +27,9 @@ def differing(recomputed: DataFrame, stored: DataFrame, key: Sequence[str]) -> D
     alone reads and rewrites less, and most recomputed rows are as they were."""
     names, values = recomputed.columns, [c for c in recomputed.columns if c not in key]
     keys = F.broadcast(recomputed.select(*key)).alias("k")
-    same = stored.alias("s").join(keys, on=_all_equal("s", "k", key), how="left_semi")
+    # As many as the recomputed rows at most: joined to them by a sort in the same job, where Spark broadcast
+    # them (sized by the table), a job more.
+    same = stored.alias("s").join(keys, on=_all_equal("s", "k", key), how="left_semi").hint("merge")
     pairs = recomputed.alias("r").join(same.select(*names, F.lit(True).alias("_stored")).alias("s"),
                                        on=_all_equal("r", "s", key), how="left")  # fmt: skip
     new = F.col("s._stored").isNull()

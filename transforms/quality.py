@@ -42,9 +42,11 @@ def prepared_halves(real_df: DataFrame) -> DataFrame:
 
 
 def op_references(op_df: DataFrame, half_df: DataFrame) -> DataFrame:
-    """One row per half offset listed by an op; a problem when no half copy has that offset."""
+    """One row per half offset listed by an op; a problem when no half copy has that offset. The copies are
+    joined by a sort, as Spark joins a large table's (so is `commit_references`'): a small warehouse's were
+    broadcast, sized by the table, a Spark job more in a quality run."""
     copies = half_df.select("broker_name", "queue_id", F.col("queue_offset").alias("half_offset"),
-                            F.lit(True).alias("_known")).distinct()  # fmt: skip
+                            F.lit(True).alias("_known")).distinct().hint("merge")  # fmt: skip
     listed = resolved_offsets(op_df).join(copies, on=["broker_name", "queue_id", "half_offset"], how="left")
     problem = F.format_string(
         "op on %s queue %d lists half offset %d: no such half copy", "broker_name", "queue_id", "half_offset"
@@ -57,7 +59,7 @@ def commit_references(real_df: DataFrame, half_df: DataFrame) -> DataFrame:
     """One row per commit carrying a prepared offset; a problem when no half copy of the same
     transaction sits at that commit-log offset."""
     copies = half_df.select("broker_name", F.col("commit_log_offset").alias("prepared_transaction_offset"),
-                            F.col("uniq_key").alias("_copy_of"))  # fmt: skip
+                            F.col("uniq_key").alias("_copy_of")).hint("merge")  # fmt: skip
     committed = real_df.where(is_commit() & F.col("prepared_transaction_offset").isNotNull())
     joined = committed.join(copies, on=["broker_name", "prepared_transaction_offset"], how="left")
     problem = F.format_string(
@@ -190,9 +192,10 @@ def lifecycle_gains(
     offset commits. Where all agree, the totals still do: each is a sum of the transactions' counts, and the
     transactions with a half are those with copies. A transaction's discard on evidence is a flag, not a
     count: new evidence must leave one in silver, and silver may gain one only with new evidence."""
+    # The discards joined by a sort, not broadcast: sized by the lifecycle they come from, they were, a job more.
     rows = (
         _per_transaction(half_gained, real_gained, lifecycle_changes)
-        .join(_discards_of(lifecycle_df, real_gained, lifecycle_changes), on=ID, how="left")
+        .join(_discards_of(lifecycle_df, real_gained, lifecycle_changes).hint("merge"), on=ID, how="left")
         .withColumn("discarded", F.coalesce("discarded", "_now", F.lit(False)))
     )
     txn = F.format_string("%s/%s", "broker_name", "uniq_key")
