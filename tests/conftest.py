@@ -1,6 +1,6 @@
 """One session-scoped SparkSession for the suite: local[2], few partitions, Delta configured; every Spark
-the suite starts runs without the UI and without code generation (tests/spark-conf), but for the main job of
-test_main_job, which runs with the README's settings and so generates code as production does."""
+the suite starts runs without the UI and without code generation (tests/spark-conf), but for the pipeline run
+of test_outputs, which has the README's settings and so generates code as production does."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ os.environ.setdefault("SPARK_CONF_DIR", str(TEST_DEFAULTS.parent))
 # next file as it nears the end of its own, so both workers finish together instead of one running a long file
 # alone at the end. The two real-broker scenario files are kept apart: both wait on timings a starved machine
 # stretches.
-SLOWEST_FIRST = ("test_serve.py", "test_outputs.py", "test_main_job.py", "test_rocketmq_versions.py", "test_quality.py",
+SLOWEST_FIRST = ("test_serve.py", "test_outputs.py", "test_rocketmq_versions.py", "test_quality.py",
                  "test_reconcile.py", "test_cluster.py", "test_consumer_rules.py", "test_incremental.py",
                  "test_real_broker.py", "test_ingest.py", "test_real_cluster.py", "test_ingest_kill.py",
                  "test_real_groups.py", "test_collect.py", "test_optional_fields.py", "test_metastore.py",

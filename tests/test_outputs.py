@@ -3,7 +3,8 @@ Chromium, the notebooks executed top to bottom, and the documentation's ready qu
 
 One pipeline run in a separate process fills a warehouse for all of them: notebooks and spark-sql open
 its embedded Derby metastore, which admits one process at a time, so this test process reads its Delta
-tables by path only.
+tables by path only. That run has the README's Spark settings, not the suite's small-data defaults
+(tests/spark-conf): it is the suite's one pipeline that generates code, as production does.
 """
 
 from __future__ import annotations
@@ -52,8 +53,7 @@ class Shipped:
 @pytest.fixture(scope="module")
 def shipped(tmp_path_factory: pytest.TempPathFactory) -> Shipped:
     """The chaos profile (every anomaly type at this seed), reconciled an hour after its last event, so
-    the halves still pending have been stuck for over an hour. With the suite's Spark defaults: the main
-    job of test_main_job is the run that generates code, as production does."""
+    the halves still pending have been stuck for over an hour."""
     root = tmp_path_factory.mktemp("shipped")
     writer = LandingWriter(root / "landing", "jsonl", 5000)
     summary = simulate(800, 17, dataclasses.replace(PROFILES["chaos"], txn_per_second=2.0), writer)
@@ -61,7 +61,8 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Shipped:
     as_of = summary.as_of + HOUR
     cmd = [str(BIN / "txn-recon"), "run", "--landing", str(root / "landing"), "--warehouse", str(root / "wh"),
            "--as-of", str(as_of)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONF_DIR"}
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     (ARTIFACTS / "pipeline.log").parent.mkdir(exist_ok=True)
     (ARTIFACTS / "pipeline.log").write_text(done.stderr + done.stdout)
@@ -77,6 +78,13 @@ def test_run_ends_with_the_dashboard_and_data_docs(shipped: Shipped, spark: Spar
     results = shipped.table(spark, "dq_results")
     assert len(results) > 100 and all(r["success"] for r in results), [r for r in results if not r["success"]]
     assert re.search(r"quality \S+: (\d+) expectations, \1 passed, 0 failed", shipped.stdout)
+    # Every stream landed something, and nothing failed or went to quarantine.
+    rows = [
+        line.split() for line in shipped.stdout.splitlines() if re.match(r"(half|op|real|offset|consumer) +\d", line)
+    ]
+    assert {r[0] for r in rows} == {"half", "op", "real", "offset", "consumer"}
+    assert all(int(r[2]) == 0 and int(r[6]) == 0 and int(r[4]) > 0 for r in rows), rows
+    assert shipped.table(spark, "quarantine") == []
 
 
 def test_dashboard_renders_in_headless_chromium(shipped: Shipped, spark: SparkSession, tmp_path: Path) -> None:
