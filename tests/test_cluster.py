@@ -19,7 +19,7 @@ import yaml
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs import package
-from jobs.score import read_truth, score
+from jobs.score import read_truth, report, score
 from tests.conftest import add_test_defaults, suite_java_options
 from tests.test_ingest import make_landing
 
@@ -131,7 +131,6 @@ def test_ingest_and_reconcile_on_a_standalone_cluster_find_the_truth(
     truth, as_of = read_truth(landing / "_truth")
     scores = score(truth, found)
     assert found and {r["as_of"] for r in found} == {as_of}
-    assert all(s.perfect for s in scores.values()), {k: (s.false_positives[:3], s.false_negatives[:3])
-                                                      for k, s in scores.items() if not s.perfect}  # fmt: skip
+    assert all(s.perfect for s in scores.values()), report(scores)
     states = {r["state"]: r["count"] for r in table("txn_lifecycle").groupBy("state").count().collect()}
     assert states == meta["states"]

@@ -28,7 +28,7 @@ from pyspark.sql import SparkSession
 
 from jobs.config import Config, load_config
 from jobs.reconcile import latest_event, read_bronze
-from jobs.score import read_truth, score
+from jobs.score import read_truth, report, score
 from jobs.serve import Cycle, Engine, long_running
 from jobs.session import OPTIMIZING_JIT
 from jobs.signals import Stop
@@ -265,8 +265,7 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
     assert (cli.returncode, cli.stdout) == (0, f"n\n{halves}\n"), cli.stderr[-2000:]
     truth, _ = read_truth(source / "_truth")
     scores = score(truth, anomaly_rows(found_rows))
-    assert all(s.perfect for s in scores.values()), {k: (s.false_positives[:3], s.false_negatives[:3])
-                                                      for k, s in scores.items() if not s.perfect}  # fmt: skip
+    assert all(s.perfect for s in scores.values()), report(scores)
 
     restarted.proc.send_signal(signal.SIGTERM)
     assert restarted.proc.wait(60) == 0, restarted.text()[-3000:]
