@@ -3,15 +3,17 @@
 Each stream folder is listed and compared with the `ingest_files` table, so a run reads only files it
 has not processed (a changed file counts as new). New files are read in batches with the explicit
 schemas, validated (transforms.landing), classified against bronze by natural key, and appended:
-typed rows to `<stream>_events`, bad ones to `quarantine`. Then the files are recorded. A run that dies
-between those writes is simply repeated by the next one: rows already stored classify as duplicates
-and quarantine rows are keyed, so the tables end the same as after one clean run. With `ingest.archive`,
-recorded files then leave the landing for `_ingested/` (`archive`), and only those still in it are looked up.
+typed rows to `<stream>_events`, bad ones to `quarantine`. Then the files are recorded (the streams' last
+batches together, in one commit). A run that dies between those writes is simply repeated by the next one:
+rows already stored classify as duplicates and quarantine rows are keyed, so the tables end the same as after
+one clean run. With `ingest.archive`, recorded files then leave the landing for `_ingested/` (`archive`), and
+only those still in it are looked up.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -71,6 +73,8 @@ BROADCAST_KEYS = 250_000  # key facts up to this many rows (some tens of MiB) go
 # of half a million rows each was read whole by every such lookup.
 FILE_ROWS = 100_000
 FATES = (INSERT, DUPLICATE, QUARANTINED)
+# `ingest_files` rows: (stream, path, size, modified_ms, status, run_id, events_until).
+Recorded = list[tuple[str, str, int, int, str, str, int | None]]
 # Streams are ingested two at a time. A quarantine write reads the table it appends to, so two at once could
 # conflict: they go one at a time. The files' records are blind appends, which Delta commits side by side.
 _SHARED_WRITE = threading.Lock()
@@ -141,13 +145,32 @@ def ingest_landing(
     # it moved them, so only theirs need looking up.
     seen = seen_files(spark, config, [f for files in listed.values() for f in files] if config.ingest.archive else None)
 
-    def stream(s: str) -> Tally:
-        return ingest_stream(spark, config, landing, s, listed[s], run_id, ingested_at, seen)
+    done: dict[str, tuple[Tally, Recorded]] = {}
+
+    def stream(s: str) -> None:
+        done[s] = ingest_stream(spark, config, landing, s, listed[s], run_id, ingested_at, seen)
+
+    def record_last() -> None:
+        """Each finished stream's last batch, recorded here with the others' in one commit: a cycle's streams are
+        a batch each."""
+        last = [r for _, recorded in done.values() for r in recorded]
+        record_files(spark, config, last)
+        if config.ingest.archive:
+            archive(landing, [Path(r[1]) for r in last], run_id)
 
     # Two streams at a time, each into its own table: most of a small batch's time is the driver's (planning,
     # Delta's log and commit), so one stream's jobs run while the other's driver works.
-    with ThreadPoolExecutor(2, "ingest") as pool:
-        tallies = dict(zip(listed, pool.map(stream, listed), strict=True))
+    try:
+        with ThreadPoolExecutor(2, "ingest") as pool:
+            list(pool.map(stream, listed))
+    except Exception:
+        # What the streams that finished landed is recorded all the same, if the engine still can; the failure
+        # to tell is the stream's (what is not recorded, the next run reads again).
+        with contextlib.suppress(Exception):
+            record_last()
+        raise
+    record_last()
+    tallies = {s: done[s][0] for s in listed}
     record_run(spark, config, run_id, tallies)
     land_collect_runs(spark, config, landing, run_id)
     return tallies
@@ -228,7 +251,10 @@ def ingest_stream(
     run_id: str,
     ingested_at: dt.datetime,
     seen: set[tuple[str, str, int, int]],
-) -> Tally:
+) -> tuple[Tally, Recorded]:
+    """The stream's new files ingested a batch at a time, each batch's files recorded (and archived) once
+    it is in, but the last's: returned for the caller to record with the other streams'. A run that dies
+    before it leaves that batch to the next, which finds its records stored and counts them duplicates."""
     todo = new_files(stream, files, seen)
     if config.ingest.archive:  # recorded by a run that died before it moved them
         new = set(todo)
@@ -236,26 +262,30 @@ def ingest_stream(
     tally = Tally()
     if not todo:
         log.info("%s: no new files", stream)
-        return tally
+        return tally, []
     parts = list(batches(todo, config.ingest.batch_bytes))
+    recorded: Recorded = []
     for n, batch in enumerate(parts, 1):
         started = time.perf_counter()
-        done = ingest_batch(spark, config, stream, batch, run_id, ingested_at)
-        if config.ingest.archive:
-            archive(landing, [f.path for f in batch], run_id)
+        done, recorded = ingest_batch(spark, config, stream, batch, run_id, ingested_at)
+        if n < len(parts):
+            record_files(spark, config, recorded)
+            if config.ingest.archive:
+                archive(landing, [f.path for f in batch], run_id)
         tally.add(done)
         log.info("%s: batch %d/%d: %d files, %d records: %d inserted, %d duplicates, %d quarantined (%.1f s)",
                  stream, n, len(parts), done.files, done.read, done.inserted, done.duplicates, done.quarantined,
                  time.perf_counter() - started)  # fmt: skip
-    return tally
+    return tally, recorded
 
 
 def ingest_batch(
     spark: SparkSession, config: Config, stream: str, files: list[LandingFile], run_id: str, ingested_at: dt.datetime
-) -> Tally:
-    """Ingest a batch whole; if a file cannot be read, ingest its files one by one to isolate it. A failure
-    of the engine rather than of a file raises EngineError before anything is quarantined or recorded, so
-    the next run reads the whole batch again."""
+) -> tuple[Tally, Recorded]:
+    """Ingest a batch whole; if a file cannot be read, ingest its files one by one to isolate it. Returned with
+    its tally: the `ingest_files` rows of its files, to record. A failure of the engine rather than of a file
+    raises EngineError before anything is quarantined or recorded, so the next run reads the whole batch
+    again."""
     readable = [f for f in files if f.kind != "unsupported"]
     failed = {f: "unsupported file type (expected .jsonl, .json, .jsonl.gz, .json.gz or .parquet)"
               for f in files if f.kind == "unsupported"}  # fmt: skip
@@ -281,8 +311,7 @@ def ingest_batch(
     tally.files_failed = len(failed)
     tally.read += len(failed)
     tally.quarantined += len(failed)
-    record_files(spark, config, stream, files, set(failed), run_id, tally.events_until)
-    return tally
+    return tally, file_rows(stream, files, set(failed), run_id, tally.events_until)
 
 
 # Where `ingest.archive` moves the files a run recorded: <landing>/_ingested/<run id>/<path in the landing>.
@@ -408,15 +437,19 @@ def write_quarantine(
         new.write.format("delta").mode("append").saveAsTable(config.table(QUARANTINE.name))
 
 
-def record_files(
-    spark: SparkSession, config: Config, stream: str, files: list[LandingFile], failed: set[LandingFile], run_id: str,
-    events_until: int | None,
-) -> None:  # fmt: skip
-    rows = [(stream, str(f.path), f.size, f.modified_ms, "failed" if f in failed else "ingested", run_id,
+def file_rows(
+    stream: str, files: list[LandingFile], failed: set[LandingFile], run_id: str, events_until: int | None
+) -> Recorded:
+    """The `ingest_files` rows of a batch's files."""
+    return [(stream, str(f.path), f.size, f.modified_ms, "failed" if f in failed else "ingested", run_id,
              None if f in failed else events_until) for f in files]  # fmt: skip
-    spark.createDataFrame(rows, to_struct(INGEST_FILES)).write.format("delta").mode("append").saveAsTable(
-        config.table(INGEST_FILES.name)
-    )
+
+
+def record_files(spark: SparkSession, config: Config, rows: Recorded) -> None:
+    if rows:
+        spark.createDataFrame(rows, to_struct(INGEST_FILES)).write.format("delta").mode("append").saveAsTable(
+            config.table(INGEST_FILES.name)
+        )
 
 
 def record_run(spark: SparkSession, config: Config, run_id: str, tallies: dict[str, Tally]) -> None:

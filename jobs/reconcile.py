@@ -543,11 +543,13 @@ def incremental(
         # deletion vectors runs a Spark job per scan to look for them (while it finds none, again at each re-plan).
         commits_then = _as_left(spark, config, OFFSET_COMMITS, last).localCheckpoint()
         snapshots = snapshots_up_to(bronze.frames, as_of)
-        commits_q = offset_commits(offset.join(F.broadcast(queues), on=OFFSET_KEY, how="left_semi")).localCheckpoint()
+        # The touched queues joined by a sort: a broadcast is a Spark job of its own, and the commits are few (one
+        # per group and queue every few seconds) and sorted by queue anyway, to chain them.
+        commits_q = offset_commits(offset.join(queues, on=OFFSET_KEY, how="left_semi")).localCheckpoint()
         # Kept: the group rules, the refusals, the wants and the deliveries read every commit, and each read would
-        # broadcast the touched queues again to leave them out. (The union itself, checkpointed, fails in Spark's
+        # join the touched queues again to leave them out. (The union itself, checkpointed, fails in Spark's
         # optimizer: "key not found" as the Union rewrites its children's constraints.)
-        untouched = commits_then.join(F.broadcast(queues), on=OFFSET_KEY, how="left_anti").localCheckpoint()
+        untouched = commits_then.join(queues, on=OFFSET_KEY, how="left_anti").localCheckpoint()
         every_commit = union_all([untouched.select(*OFFSET_COMMITS.names), commits_q.select(*OFFSET_COMMITS.names)])
         snapshotted = not snapshots.isEmpty()
         refused = refused_by_filters(snapshots, every_commit, real, snapshotted)

@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from jobs.catalog import create_table, tables_in
 from jobs.config import Config
 from jobs.errors import TxnReconError
-from jobs.ingest import LandingFile, record_files
+from jobs.ingest import LandingFile, file_rows, record_files
 from jobs.pipeline import reset_for
 from schemas.bronze import INGEST_FILES, QUARANTINE
 from tests.test_ingest import fresh_db
@@ -26,7 +26,9 @@ def test_a_demo_drops_only_what_an_earlier_demo_of_its_landing_left(
     landing = tmp_path / "landing"
     create_table(spark, cfg, INGEST_FILES)
     create_table(spark, cfg, QUARANTINE)
-    record_files(spark, cfg, "half", [LandingFile(landing / "half" / "part-0.jsonl", 10, 1)], set(), "run-1", 5)
+    record_files(
+        spark, cfg, file_rows("half", [LandingFile(landing / "half" / "part-0.jsonl", 10, 1)], set(), "run-1", 5)
+    )
     spark.sql(f"CREATE VIEW {cfg.table('recorded')} AS SELECT path FROM {cfg.table('ingest_files')}")
     held = tables_in(spark, cfg.database)
     assert held == {"ingest_files", "quarantine", "recorded"}

@@ -275,13 +275,15 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
 
 def test_a_long_running_session_keeps_the_latest_queries_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Spark's status store keeps a thousand SQL executions by default; serve's session keeps 50, and its JVM
-    compiles with the optimizing JIT too (a service runs the same code every cycle) and keeps the classes Spark
-    generates for a cycle's queries, unless the config says otherwise."""
+    compiles with the optimizing JIT too (a service runs the same code every cycle), keeps the classes Spark
+    generates for a cycle's queries and broadcasts no join by its estimated size, unless the config says
+    otherwise."""
     monkeypatch.delenv("SPARK_CONF_DIR", raising=False)  # the suite's spark-defaults.conf sets JVM flags: they win
     ours = long_running(load_config()).spark.conf
     assert (ours["spark.sql.ui.retainedExecutions"], ours["spark.ui.retainedJobs"]) == ("50", "100")
     assert ours["spark.driver.defaultJavaOptions"] == OPTIMIZING_JIT  # not stopped at the quick compiler
     assert int(ours["spark.sql.codegen.cache.maxEntries"]) >= 1000  # a cycle's generated classes, kept
+    assert ours["spark.sql.autoBroadcastJoinThreshold"] == "-1"  # a broadcast is a Spark job of its own
     theirs = load_config(overrides={"spark": {"conf": {"spark.sql.ui.retainedExecutions": "7",
                                                        "spark.driver.defaultJavaOptions": "-Xss4m"}}})  # fmt: skip
     assert long_running(theirs).spark.conf["spark.sql.ui.retainedExecutions"] == "7"
