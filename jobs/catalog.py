@@ -120,13 +120,18 @@ def latest_row(spark: SparkSession, table: str, order: str) -> Row | None:
     return rows[0] if rows else None
 
 
+def follows(state: tuple[str, int, int], before: tuple[str, int, int]) -> bool:
+    """Whether `state` (`table_commit`) is the commit right after `before`, of the same table: no other came between."""
+    return state[0] == before[0] and state[1] == before[1] + 1
+
+
 def appended(spark: SparkSession, table: str, rows: list[Row], order: str) -> None:
     """Note `rows`, which the caller appended with the table's latest commit holding the warehouse (no other
     writer), among the latest rows of `table` by `order` known at the commit before: they stay known with them.
     Known at an earlier commit or by another order, they are not known any more."""
     state = table_commit(spark, table)
     known = _LATEST.pop(table, None)
-    if known is not None and known[1] == order and known[0][0] == state[0] and known[0][1] == state[1] - 1:
+    if known is not None and known[1] == order and follows(state, known[0]):
         latest = sorted([*rows, *known[3]], key=lambda r: r[order], reverse=True)
         _LATEST[table] = (state, order, known[2], latest[: known[2]])
 

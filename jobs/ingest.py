@@ -31,7 +31,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.catalog import add_new_fields, appended, create_table, may_have_rows, tables_in
+from jobs.catalog import add_new_fields, appended, create_table, follows, may_have_rows, table_commit, tables_in
 from jobs.config import Config
 from jobs.errors import EngineError, TxnReconError, first_line, is_unreadable_file
 from jobs.lock import warehouse_lock
@@ -75,6 +75,11 @@ FILE_ROWS = 100_000
 FATES = (INSERT, DUPLICATE, QUARANTINED)
 # `ingest_files` rows: (stream, path, size, modified_ms, status, run_id, events_until).
 Recorded = list[tuple[str, str, int, int, str, str, int | None]]
+Seen = tuple[str, str, int, int]  # (stream, path, size, modified_ms) of a landing file `ingest_files` records
+# `ingest_files` -> its commit (`catalog.table_commit`) when this process last read or wrote it, and what it
+# recorded of the landing's files then: a query of it costs a Delta listing and a Spark job every cycle.
+_RECORDED: dict[str, tuple[tuple[str, int, int], set[Seen]]] = {}
+_NOTING = threading.Lock()  # two streams record files side by side
 # Streams are ingested two at a time. A quarantine write reads the table it appends to, so two at once could
 # conflict: they go one at a time. The files' records are blind appends, which Delta commits side by side.
 _SHARED_WRITE = threading.Lock()
@@ -141,9 +146,7 @@ def ingest_landing(
     ensure_tables(spark, config)
     log.info("ingest %s from %s", run_id, landing)
     listed = {s: list_files(landing / s) for s in LANDING if (landing / s).is_dir()}
-    # Archived files leave the landing: those still in it are new, or recorded by a run that died before
-    # it moved them, so only theirs need looking up.
-    seen = seen_files(spark, config, [f for files in listed.values() for f in files] if config.ingest.archive else None)
+    seen = recorded_files(spark, config, [f for files in listed.values() for f in files])
 
     done: dict[str, tuple[Tally, Recorded]] = {}
 
@@ -212,12 +215,30 @@ def list_files(folder: Path) -> list[LandingFile]:
     return found
 
 
-def seen_files(
-    spark: SparkSession, config: Config, among: list[LandingFile] | None = None
-) -> set[tuple[str, str, int, int]]:
-    """(stream, path, size, modified_ms) of every landing file an earlier run recorded, or of those `among`
-    the given files' paths only."""
-    recorded = spark.table(config.table("ingest_files")).select("stream", "path", "size", "modified_ms")
+def recorded_files(spark: SparkSession, config: Config, files: list[LandingFile]) -> set[Seen]:
+    """`seen_files` of the landing's `files`: known to this process when `ingest_files` is as it last read or
+    wrote it (a service's runs ask no Spark job), else read."""
+    table = config.table(INGEST_FILES.name)
+    state = table_commit(spark, table)
+    known = _RECORDED.get(table)
+    seen = known[1] if known is not None and known[0] == state else None
+    if seen is None:
+        # Archived files leave the landing: those still in it are new, or recorded by a run that died before it
+        # moved them, so only theirs need looking up.
+        seen = seen_files(spark, config, state[1], files if config.ingest.archive else None)
+    paths = {str(f.path) for f in files}
+    # Kept for the files still in the landing only. One that leaves it and comes back is read again (its records
+    # are stored, and counted duplicates), as when a run dies before it records a batch.
+    seen = {s for s in seen if s[1] in paths}
+    _RECORDED[table] = (state, seen)
+    return seen
+
+
+def seen_files(spark: SparkSession, config: Config, version: int, among: list[LandingFile] | None = None) -> set[Seen]:
+    """(stream, path, size, modified_ms) of every landing file recorded in `ingest_files` at `version`, or of
+    those `among` the given files' paths only."""
+    table = config.table(INGEST_FILES.name)
+    recorded = spark.sql(f"SELECT stream, path, size, modified_ms FROM {table} VERSION AS OF {version}")
     if among is not None:
         if not among:
             return set()
@@ -225,7 +246,7 @@ def seen_files(
     return {(r["stream"], r["path"], r["size"], r["modified_ms"]) for r in recorded.collect()}
 
 
-def new_files(stream: str, files: list[LandingFile], seen: set[tuple[str, str, int, int]]) -> list[LandingFile]:
+def new_files(stream: str, files: list[LandingFile], seen: set[Seen]) -> list[LandingFile]:
     return [f for f in files if (stream, str(f.path), f.size, f.modified_ms) not in seen]
 
 
@@ -250,7 +271,7 @@ def ingest_stream(
     files: list[LandingFile],
     run_id: str,
     ingested_at: dt.datetime,
-    seen: set[tuple[str, str, int, int]],
+    seen: set[Seen],
 ) -> tuple[Tally, Recorded]:
     """The stream's new files ingested a batch at a time, each batch's files recorded (and archived) once
     it is in, but the last's: returned for the caller to record with the other streams'. A run that dies
@@ -447,9 +468,19 @@ def file_rows(
 
 def record_files(spark: SparkSession, config: Config, rows: Recorded) -> None:
     if rows:
-        spark.createDataFrame(rows, to_struct(INGEST_FILES)).write.format("delta").mode("append").saveAsTable(
-            config.table(INGEST_FILES.name)
-        )
+        table = config.table(INGEST_FILES.name)
+        spark.createDataFrame(rows, to_struct(INGEST_FILES)).write.format("delta").mode("append").saveAsTable(table)
+        _note_recorded(spark, table, rows)
+
+
+def _note_recorded(spark: SparkSession, table: str, rows: Recorded) -> None:
+    """Add `rows`, just appended by this process, to what it knows of `table` if it knew the commit before (no
+    other writer came between); else it knows nothing of the table any more."""
+    with _NOTING:
+        state = table_commit(spark, table)
+        known = _RECORDED.pop(table, None)
+        if known is not None and follows(state, known[0]):
+            _RECORDED[table] = (state, known[1] | {(r[0], r[1], r[2], r[3]) for r in rows})
 
 
 def record_run(spark: SparkSession, config: Config, run_id: str, tallies: dict[str, Tally]) -> None:

@@ -36,7 +36,7 @@ from schemas.reconciled import BROKER_WINDOWS
 from transforms.consumers import holders, islands, snapshots, subscription_text
 from transforms.frames import Asking, gathered, kept_with_ranges, together, within
 from transforms.lifecycle import ID
-from transforms.topology import window_totals
+from transforms.topology import last_whole_window, window_totals
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
             groups, (delivered, deliveries_over_time),
         ) = gathered(
             _lifecycle_charts(life, as_of), _anomalies(keyed), _listed(keyed), _age_bins(keyed), _findings(keyed),
-            _trace(keyed, t.get("trace_events"), t.get("real_events"), as_of), _brokers(spark, config),
+            _trace(keyed, t.get("trace_events"), t.get("real_events"), as_of), _brokers(spark, config, as_of),
             _groups(t.get("consumer_events")), _deliveries(counts, deliveries, as_of),
         )  # fmt: skip
     finally:
@@ -153,6 +153,7 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     data["op_lag"] = op_lag
     contradictions = data["anomaly_counts"].get("TRACE_CONTRADICTION", 0)
     data["trace"] = trace | {"contradictions": listed["contradictions"], "contradictions_total": contradictions}
+    last_window = brokers.pop("last_window")
     data |= brokers | _cluster_findings(data["anomaly_counts"], listed)
     data["ingest_runs"] = _ingest_runs(spark, config.table("ingest_runs")) if "ingest_runs" in t else []
     data["reconcile_runs"] = reconcile_runs
@@ -161,7 +162,7 @@ def gather_reconciled(spark: SparkSession, config: Config) -> dict[str, Any]:
     data["deliveries"], data["deliveries_over_time"] = delivered, deliveries_over_time
     # What `txn-recon serve` exports as metrics, from the same reads: a cycle reads each table once.
     data["figures"] = {"as_of": data["as_of"], **findings, **lifecycle_figures, "deliveries": data["deliveries"],
-                       "trace": data["trace"]}  # fmt: skip
+                       "trace": data["trace"], "last_window": last_window}  # fmt: skip
     return data
 
 
@@ -240,24 +241,37 @@ def _findings(keyed: DataFrame) -> Asking[dict[str, list[dict[str, Any]]]]:
     return {"findings": [r.asDict() for r in per_group_rows], "ongoing": [r.asDict() for r in ongoing_rows]}
 
 
-def _brokers(spark: SparkSession, config: Config) -> Asking[dict[str, Any]]:
+def _brokers(spark: SparkSession, config: Config, as_of: int | None) -> Asking[dict[str, Any]]:
     """Writes per broker over time (broker_windows, bucketed as the other charts), and every broker of the
-    topology, at zero where it stored nothing."""
-    writes, brokers = yield from together(_broker_writes(spark, config), _topology_brokers(spark, config))
+    topology, at zero where it stored nothing; with them, each broker's writes in the last whole window before
+    `as_of` (`last_window`), which the metrics export."""
+    writes, brokers = yield from together(_broker_writes(spark, config, as_of), _topology_brokers(spark, config))
     return writes | brokers
 
 
-def _broker_writes(spark: SparkSession, config: Config) -> Asking[dict[str, Any]]:
-    out: dict[str, Any] = {"broker_writes": _no_times()}
+def _broker_writes(spark: SparkSession, config: Config, as_of: int | None) -> Asking[dict[str, Any]]:
+    out: dict[str, Any] = {"broker_writes": _no_times(), "last_window": []}
     table = config.table(BROKER_WINDOWS.name)
     if table_exists(spark, table):
-        # Kept: the chart reads the totals twice (their span, then their buckets).
+        # Kept: the chart reads the totals twice (their span, then their buckets), and the last window once.
         writes = window_totals(spark.table(table)).persist()
+        window_ms = config.thresholds.idle_window_ms
         try:
-            out["broker_writes"] = yield from _per_bucket(writes, config.thresholds.idle_window_ms)
+            out["broker_writes"], out["last_window"] = yield from together(
+                _per_bucket(writes, window_ms), _last_window(writes, as_of, window_ms)
+            )
         finally:
             writes.unpersist()
     return out
+
+
+def _last_window(writes: DataFrame, as_of: int | None, window_ms: int) -> Asking[list[dict[str, Any]]]:
+    """(broker_name, messages) of each broker that stored some in the last whole window before `as_of`."""
+    if as_of is None:
+        return []
+    [rows] = yield [writes.where(F.col("window_ts") == last_whole_window(as_of, window_ms))
+                    .select("broker_name", "messages")]  # fmt: skip
+    return [r.asDict() for r in rows]
 
 
 def _topology_brokers(spark: SparkSession, config: Config) -> Asking[dict[str, Any]]:

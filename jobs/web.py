@@ -24,8 +24,6 @@ from jobs.config import CONF_DIR, Config, host_port
 from jobs.errors import TxnReconError
 from jobs.story import page
 from schemas.quality import DELIVERY_STATUSES
-from schemas.reconciled import BROKER_WINDOWS
-from transforms.topology import window_totals
 
 if TYPE_CHECKING:
     from jobs.serve import Cycle
@@ -106,7 +104,7 @@ class Metrics:
         if figures is not None:
             try:
                 self._show(figures)
-                self._read_tables(spark, config, int(figures["as_of"]))
+                self._read_tables(spark, config)
             except Exception as e:  # a scrape shows the last figures; the next cycle reads them again
                 log.warning("metrics: could not read the tables (%s)", e)
 
@@ -156,15 +154,11 @@ class Metrics:
                 self.broker_writes.labels(r["broker_name"]).set(0)  # it stored nothing: a series at zero, not none
         for (cluster, topic), n in missing.items():
             self.topic_missing.labels(cluster, topic).set(n)
-
-    def _read_tables(self, spark: SparkSession, config: Config, as_of: int) -> None:
-        """What the dashboard does not gather: each broker's writes in the last window ended by as_of (from
-        broker_windows) and the check service's backlogs at the last collect."""
-        size = config.thresholds.idle_window_ms
-        last = (as_of // size - 1) * size
-        windows = spark.table(config.table(BROKER_WINDOWS.name)).where(F.col("window_ts") == last)
-        for r in window_totals(windows).collect():
+        for r in figures["last_window"]:
             self.broker_writes.labels(r["broker_name"]).set(r["messages"])
+
+    def _read_tables(self, spark: SparkSession, config: Config) -> None:
+        """What the dashboard does not gather: the check service's backlogs at the last collect."""
         if table_exists(spark, config.table("collect_runs")):
             latest = (spark.table(config.table("collect_runs")).where("broker_name IS NOT NULL")
                       .groupBy("broker_name").agg(F.max_by(F.struct("check_backlog", "op_backlog"), "started_at")

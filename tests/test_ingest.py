@@ -25,6 +25,7 @@ from jobs.cli import main
 from jobs.config import Config
 from jobs.ingest import Tally, ingest_landing
 from jobs.reconcile import latest_event
+from jobs.session import jobs_started
 from schemas import LANDING
 from schemas.bronze import BOOKKEEPING, EVENT_TIME, INGEST_FILES
 from schemas.landing import HALF, HALF_TOPIC, ROCKSDB_HALF_TOPIC
@@ -113,11 +114,21 @@ def test_end_to_end_incremental_and_idempotent(
     recorded = spark.table(cfg.table("ingest_files")).groupBy("stream").agg(F.max("events_until")).collect()
     assert dict(map(tuple, recorded)) == latest
 
-    # Again: nothing new, no bronze commit.
+    # Again: nothing new, no bronze commit. What this process recorded it knows: the one Spark job is the run's
+    # row in ingest_runs, no lookup of ingest_files.
     versions = {s: version(spark, cfg, f"{s}_events") for s in LANDING}
+    jobs_before = jobs_started(spark)
     again = ingest(spark, cfg, landing, "run-2")
+    assert jobs_started(spark) - jobs_before == 1
     assert all(t.files == 0 and t.read == 0 for t in again.values())
     assert {s: version(spark, cfg, f"{s}_events") for s in LANDING} == versions
+    # A file that another writer recorded since is looked up in the table, not taken for new.
+    other = landing / "half" / "x-elsewhere.jsonl"
+    other.write_text(json.dumps(landed(landing / "half")[-1]) + "\n")
+    stat = other.stat()
+    row = ("half", str(other.resolve()), stat.st_size, int(stat.st_mtime * 1000), "ingested", "elsewhere", None)
+    spark.createDataFrame([row], to_struct(INGEST_FILES)).writeTo(cfg.table("ingest_files")).append()
+    assert all(t.files == 0 for t in ingest(spark, cfg, landing, "run-2b").values())
 
     # One more file: only its rows are added.
     extra = [dict(r, broker_name="broker-z") for r in landed(landing / "half")[:3]]
@@ -147,7 +158,8 @@ def test_end_to_end_incremental_and_idempotent(
 
     history = spark.table(cfg.table("ingest_runs")).where("stream = 'op'").orderBy("started_at", "run_id").collect()
     assert [(r["run_id"], r["inserted"], r["duplicates"]) for r in history] == [
-        ("run-1", meta["records"]["op"], 0), ("run-2", 0, 0), ("run-3", 0, 0), ("run-4", 0, op_lines)]  # fmt: skip
+        ("run-1", meta["records"]["op"], 0), ("run-2", 0, 0), ("run-2b", 0, 0), ("run-3", 0, 0),
+        ("run-4", 0, op_lines)]  # fmt: skip
 
 
 def test_archive_moves_each_recorded_file_out_of_the_landing(
@@ -191,13 +203,16 @@ def test_archive_moves_each_recorded_file_out_of_the_landing(
     assert [r["path"] for r in recorded] == [str((landing / "half" / "late.jsonl").resolve())]
 
 
-def test_bronze_tables_have_change_data_feed_and_clustering(spark: SparkSession, config: Config) -> None:
+def test_bronze_tables_have_change_data_feed_clustering_and_few_checkpoints(
+    spark: SparkSession, config: Config
+) -> None:
     cfg = fresh_db(spark, config, "t_ingest_props")
     from jobs.ingest import ensure_tables
 
     ensure_tables(spark, cfg)
     detail = spark.sql(f"DESCRIBE DETAIL {cfg.table('real_events')}").collect()[0]
     assert detail["properties"]["delta.enableChangeDataFeed"] == "true"
+    assert detail["properties"]["delta.checkpointInterval"] == "100"  # conf/base.yaml's default for new tables
     assert detail["clusteringColumns"] == ["broker_name", "store_timestamp"]
     columns = spark.table(cfg.table("real_events")).columns
     assert columns[-4:] == ["_record_hash", "_source_file", "_ingested_at", "_run_id"]

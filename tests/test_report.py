@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import re
 from collections import Counter
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -20,8 +22,11 @@ from jobs.config import Config
 from jobs.ingest import Tally, record_run
 from jobs.report import _listed, _over_time, _over_time_by
 from jobs.session import jobs_started
+from jobs.web import Metrics
 from schemas import LANDING
 from schemas.bronze import INGEST_RUNS
+from schemas.reconciled import BROKER_WINDOWS
+from schemas.spark import to_struct
 from tests.test_ingest import fresh_db
 from transforms.frames import gathered
 
@@ -180,3 +185,26 @@ def test_the_latest_ingest_runs_are_what_the_table_sums_and_stay_known_behind_a_
     assert found[0]["inserted"] == 2 * 40 and found[0]["duplicates"] == 0 + 1
     catalog._LATEST.clear()
     assert report._ingest_runs(spark, table) == found
+
+
+def test_the_brokers_writes_chart_and_the_last_whole_window_the_metric_shows(
+    spark: SparkSession, config: Config
+) -> None:
+    """broker_windows' running totals (a window's rows summed) per bucket for the chart, and per broker in the last
+    window that ended by the data time, which `txn_recon_broker_writes` exports from the same read."""
+    cfg = fresh_db(spark, config, "t_report_brokers")
+    window = cfg.thresholds.idle_window_ms
+    rows = [("a", 8 * window, 5), ("a", 9 * window, 3), ("a", 9 * window, 4), ("b", 9 * window, 2),
+            ("b", 10 * window, 7)]  # fmt: skip
+    spark.createDataFrame(rows, to_struct(BROKER_WINDOWS)).writeTo(create_table(spark, cfg, BROKER_WINDOWS)).append()
+    as_of = 10 * window + 5_000  # in the eleventh window, still filling: the tenth is the last whole one
+    [got] = gathered(report._brokers(spark, cfg, as_of))
+    assert sorted((r["broker_name"], r["messages"]) for r in got["last_window"]) == [("a", 7), ("b", 2)]
+    assert sum(n for _, _, n in got["broker_writes"]["counts"]) == sum(n for _, _, n in rows)
+    metrics = Metrics()
+    metrics._show({"findings": [], "as_of": as_of, "trace": {"discard_causes": [], "groups": []},
+                   "op_lag_seconds": {}, "pending": {}, "deliveries": [], "ongoing": [],
+                   "last_window": got["last_window"]})  # fmt: skip
+    text = generate_latest(metrics.registry).decode()
+    assert sorted(re.findall(r'^txn_recon_broker_writes\{broker="(\w+)"\} (\S+)$', text, re.M)) == [
+        ("a", "7.0"), ("b", "2.0")]  # fmt: skip

@@ -288,6 +288,11 @@ def stored_writes(half_df: DataFrame, real_df: DataFrame, window_ms: int) -> Dat
     )  # fmt: skip
 
 
+def last_whole_window(as_of: int, window_ms: int) -> int:
+    """The start of the last window that ended by `as_of` (the one `as_of` falls in is still filling)."""
+    return (as_of // window_ms - 1) * window_ms
+
+
 def window_totals(windows: DataFrame) -> DataFrame:
     """(broker_name, window_ts, messages) per broker and window: the sum of broker_windows' rows of each, which
     an incremental reconcile adds to."""
