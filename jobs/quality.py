@@ -301,8 +301,11 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
         else:
             bounds, n = known
         candidates = within(snapshot, bounds) if bounded_by else snapshot
-        # A change set small enough for the driver has keys small enough to send to every task.
-        rows = changed_rows(candidates, changed, suite.key, few=n <= DRIVER_ROWS)
+        # A change set small enough for the driver has keys small enough to send to every task, where the candidates
+        # are most of the table (the key's ranges span most files). Bounded by time, they are the files of the
+        # changes' time as a rule, few rows: joined as Spark picks (serve sorts both sides in the job that reads
+        # them, where a broadcast is a Spark job of its own).
+        rows = changed_rows(candidates, changed, suite.key, few=n <= DRIVER_ROWS and not suite.bounded_by)
         # A batch a cross view checks is read again (a reference view reads it twice more: its lookup ranges and
         # its join): kept, the candidates are looked among once (all of a table whose keys the ranges do not narrow).
         return Batch(suite, kept(rows)[0] if suite.name in REREAD else rows, version, "incremental")

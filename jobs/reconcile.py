@@ -25,8 +25,9 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -228,7 +229,8 @@ def reconcile(
     elif reason is None and last is not None:
         log.info("reconcile as of %d: incremental since run %s", as_of, last["run_id"])
         try:
-            written = incremental(spark, config, bronze, last, as_of, rules)
+            with sources_as_they_are(spark):
+                written = incremental(spark, config, bronze, last, as_of, rules)
             reason = "the changes touch most transactions" if written is None else None
         except (PySparkException, Py4JJavaError) as e:  # e.g. change data removed by VACUUM; full is always safe
             reason = f"the incremental run failed ({first_line(e)})"
@@ -707,6 +709,26 @@ def new_rows(spark: SparkSession, bronze: Bronze, stream: str, last: Row, as_of:
     return window.unionByName(added.select(*frame.columns))
 
 
+# Delta copies a merge's source before it merges unless it can tell the source is deterministic, which it cannot of
+# a checkpointed one: a Spark job per merge. An incremental run's sources are checkpointed (kept) frames, or the
+# change data of pinned versions, so it merges them as they are. A full run's stay Delta's: it merges frames that
+# are cached while it runs, which Delta refuses to merge uncopied (DELTA_MERGE_SOURCE_CACHED_DURING_EXECUTION).
+MATERIALIZE = "spark.databricks.delta.merge.materializeSource"
+
+
+@contextmanager
+def sources_as_they_are(spark: SparkSession) -> Iterator[None]:
+    """While open, Delta merges each source as it is, uncopied, unless the session's configuration says otherwise."""
+    if spark.conf.get(MATERIALIZE, None) is not None:
+        yield
+        return
+    spark.conf.set(MATERIALIZE, "none")
+    try:
+        yield
+    finally:
+        spark.conf.unset(MATERIALIZE)
+
+
 def saw_all(run: Row) -> bool:
     """Whether a reconcile run's as_of was the latest event in the bronze versions it read: they held nothing
     later. Not known of a run given its as_of, nor of one an older version made."""
@@ -779,7 +801,7 @@ def merge_anomalies(spark: SparkSession, config: Config, found: DataFrame, scope
             .execute()
         )  # fmt: skip
         return
-    found = found.persist()
+    found = found.persist()  # read twice: the rows to merge, and those to take away
     try:
         existing = spark.table(table)
         recomputed_whole = F.col("anomaly_type").isin(*WHOLE_TYPES) | _consumption()
@@ -788,16 +810,18 @@ def merge_anomalies(spark: SparkSession, config: Config, found: DataFrame, scope
         marked = existing.join(F.broadcast(scope.select(*ID, F.lit(True).alias("_scoped"))), on=ID, how="left")
         in_scope = marked.where(recomputed_whole | F.col("_scoped").isNotNull()).drop("_scoped")
         gone = in_scope.join(found.select("anomaly_id"), on="anomaly_id", how="left_anti")
-        source = found.withColumn("_gone", F.lit(False)).unionByName(gone.withColumn("_gone", F.lit(True)))
-        (
-            target.merge(source.alias("s"), "t.anomaly_id = s.anomaly_id")
-            .whenMatchedDelete(condition="s._gone")
-            .whenMatchedUpdate(condition=changed, set=columns)
-            .whenNotMatchedInsert(condition="NOT s._gone", values=columns)
-            .execute()
-        )  # fmt: skip
+        # Kept, the merge reads it twice without listing the table or broadcasting the scope again, and Delta merges
+        # it as it is (`sources_as_they_are`), where it would refuse a cached frame uncopied.
+        source = kept(found.withColumn("_gone", F.lit(False)).unionByName(gone.withColumn("_gone", F.lit(True))))[0]
     finally:
         found.unpersist()
+    (
+        target.merge(source.alias("s"), "t.anomaly_id = s.anomaly_id")
+        .whenMatchedDelete(condition="s._gone")
+        .whenMatchedUpdate(condition=changed, set=columns)
+        .whenNotMatchedInsert(condition="NOT s._gone", values=columns)
+        .execute()
+    )  # fmt: skip
 
 
 def _consumption() -> Column:

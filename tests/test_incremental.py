@@ -16,7 +16,18 @@ from pyspark.sql import functions as F
 
 from jobs.catalog import create_table
 from jobs.config import Config
-from jobs.reconcile import COMMIT_KEY, TIME, born_since, full_view, read_bronze, reconcile, rules_from, upsert
+from jobs.reconcile import (
+    COMMIT_KEY,
+    MATERIALIZE,
+    TIME,
+    born_since,
+    full_view,
+    read_bronze,
+    reconcile,
+    rules_from,
+    upsert,
+)
+from jobs.session import jobs_started
 from schemas.reconciled import ANOMALIES, BROKER_WINDOWS, DELIVERIES, DELIVERY_COUNTS, OFFSET_COMMITS, TXN_LIFECYCLE
 from schemas.spark import to_struct
 from tests.test_ingest import files_of, fresh_db, ingest, make_landing, version
@@ -55,6 +66,13 @@ def _counts(deliveries: list[Any]) -> list[tuple[Any, ...]]:
         n = sums.setdefault((r["consumer_group"], r["status"], r["store_timestamp"] // 1000 * 1000), [0, 0, 0])
         n[0], n[1], n[2] = n[0] + 1, n[1] + r["retries"], n[2] + r["duplicates_expected"]
     return [(*key, *n) for key, n in sums.items()]
+
+
+def _described(spark: SparkSession, first: int) -> list[str]:
+    """What the Spark jobs from job id `first` on were doing, as the status store keeps it (the latest 1,000 jobs)."""
+    jobs = spark.sparkContext._jsc.sc().statusStore().jobsList(None)
+    found = (jobs.apply(i) for i in range(jobs.size()))
+    return [j.description().get() for j in found if j.jobId() >= first and j.description().isDefined()]
 
 
 def _rows(spark: SparkSession, df: Any, names: tuple[str, ...]) -> list[tuple[Any, ...]]:
@@ -105,8 +123,13 @@ def test_incremental_runs_equal_a_full_recompute_on_chaos(spark: SparkSession, c
         # reconcile as of the latest event, as a service does: the run after step 1 reads only what bronze gained.
         bronze = read_bronze(spark, cfg)
         latest = max(r[0] for s in STREAMS for r in bronze.frames[s].agg({TIME[s]: "max"}).collect())
+        first_job = jobs_started(spark)
         as_of = reconcile(spark, cfg, as_of=latest - 30_000 if step == 2 else None)
         assert as_of == (latest - 30_000 if step == 2 else latest)
+        if step > 1:  # an incremental run merges its kept sources as they are, without Delta copying them first
+            merges = [d for d in _described(spark, first_job) if "MERGE operation" in d]
+            assert merges and not [d for d in merges if "materialize source" in d], merges
+            assert spark.conf.get(MATERIALIZE, None) is None  # the session's setting is Delta's again
         expected = full_view(bronze.frames, as_of, rules)
         # The counts an incremental run adds up from the deliveries' changes equal those counted here, whole.
         expected[DELIVERY_COUNTS.name] = spark.createDataFrame(
