@@ -77,6 +77,7 @@ from transforms.anomalies import OFFSET_KEY, offset_commits, offset_regressions,
 from transforms.consumers import GROUP_TYPES, Refusals, group_anomalies, refusals
 from transforms.deliveries import change_sign, changing, counted, deliveries, wanted
 from transforms.frames import (
+    cached_frames,
     change_counts,
     differing,
     folds_empty,
@@ -591,7 +592,8 @@ def incremental(
     # The two parts run side by side, the queues' in a thread of its own, so that the jobs of one share the cores
     # while the driver plans the other's (most of a small job is the driver's): the transactions' scope, lifecycle
     # and merge here; the queues' commits, group rules and then the deliveries there.
-    with ThreadPoolExecutor(1, "reconcile") as pool:
+    # The frames cached for this run (`cached_frames`) are let go once both parts are done with them.
+    with cached_frames() as cache, ThreadPoolExecutor(1, "reconcile") as pool:
         queue_part = pool.submit(queue_side)
         current = _as_left(spark, config, TXN_LIFECYCLE, last)
         # The copies the new ops list, kept, are looked up among the halves within their ranges: recent files
@@ -608,9 +610,9 @@ def incremental(
         if n_keys > FULL_ABOVE_KEYS and n_keys > FULL_ABOVE_SHARE * current.count():
             return None  # once the queues' part is done (leaving the pool waits for it): a full run follows
         delivered = pool.submit(lambda: merge_deliveries(queue_part.result()))
-        # The plan reads the recomputed transactions' halves and messages several times: kept, each table is
-        # scanned once for them.
-        half_k, real_k = (kept(df.join(F.broadcast(keys), on=ID, how="left_semi"))[0] for df in (half, real))
+        # The plan reads the recomputed transactions' halves and messages several times: cached, each table is
+        # scanned once for them, by the job that needs them first (checkpointed, each cost a Spark job of its own).
+        half_k, real_k = (cache(df.join(F.broadcast(keys), on=ID, how="left_semi")) for df in (half, real))
         life, seen = kept(facts_of(half_k, op, real_k).transform(lifecycle(as_of, rules)),
                           F.min("born_ts").alias("born"))  # fmt: skip
         stored = current.alias("t").where(born_since(seen["born"]))

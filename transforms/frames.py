@@ -1,8 +1,9 @@
 """Small helpers shared by transforms and jobs."""
 
+import contextlib
 import functools
 import json
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -70,6 +71,26 @@ def kept(df: DataFrame, *metrics: Column) -> tuple[DataFrame, dict[str, Any]]:
     else:
         rows, got = df.localCheckpoint(), {}
     return rows.select(*(F.col(c).alias(c) for c in rows.columns)), got
+
+
+@contextlib.contextmanager
+def cached_frames() -> Iterator[Callable[[DataFrame], DataFrame]]:
+    """A `persist` for frames that several later jobs read: each is cached by the first job that reads it, where
+    a checkpoint (`kept`) costs a Spark job of its own; all are unpersisted on leaving. Not for a frame whose
+    metrics a plan waits for, nor one joined again with what it came from: a cached frame keeps its source's
+    column ids, where a checkpoint's are new (cached so, the consumer queues' commits, joined again with the
+    stored ones, left a warehouse whose next merge met repeated keys)."""
+    held: list[DataFrame] = []
+
+    def cache(df: DataFrame) -> DataFrame:
+        held.append(df.persist())
+        return held[-1]
+
+    try:
+        yield cache
+    finally:
+        for df in held:
+            df.unpersist()
 
 
 def kept_with_ranges(df: DataFrame, columns: Sequence[str]) -> tuple[DataFrame, dict[str, tuple[Any, Any]]]:
