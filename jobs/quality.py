@@ -40,6 +40,7 @@ from jobs.catalog import (
     change_ranges,
     create_table,
     latest_row,
+    stored_bytes,
     table_commit,
     table_exists,
     table_identity,
@@ -107,6 +108,8 @@ REREAD = {BRONZE[stream].name for stream, _, _ in REFERENCES.values()} | {ANOMAL
 # without the Spark jobs GE runs per metric, which cost a second or more per suite on a batch of any size
 # (a serve cycle's batches are a few thousand rows). A larger one stays in Spark.
 DRIVER_ROWS = 200_000
+# A table up to this size is joined to its changed keys by a sort, whole: at most some 100,000 rows shuffled.
+SORTED_BYTES = 16 * 1024 * 1024
 AHEAD = 3  # batches fetched alone ahead of the one validated: five times DRIVER_ROWS rows held at most
 KEPT_RESULTS = 30  # GE validation results kept per suite for Data Docs
 ENGINES = {"spark": "txn_recon", "pandas": "txn_recon_driver"}  # GE data source per engine
@@ -307,10 +310,12 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
             bounds, n = known
         candidates = within(snapshot, bounds) if bounded_by else snapshot
         # A change set small enough for the driver has keys small enough to send to every task, where the candidates
-        # are most of the table (the key's ranges span most files). Bounded by time, they are the files of the
-        # changes' time as a rule, few rows: joined as Spark picks (serve sorts both sides in the job that reads
-        # them, where a broadcast is a Spark job of its own).
-        rows = changed_rows(candidates, changed, suite.key, few=n <= DRIVER_ROWS and not suite.bounded_by)
+        # are most of a large table (the key's ranges span most files). Bounded by time, they are the files of the
+        # changes' time as a rule, few rows; and a small table (SORTED_BYTES by its checksum) is few rows all of
+        # it: those are joined as Spark picks (serve sorts both sides in the job that reads them, where a broadcast
+        # is a Spark job of its own).
+        large = (stored_bytes(spark, table, version) or SORTED_BYTES + 1) > SORTED_BYTES
+        rows = changed_rows(candidates, changed, suite.key, few=n <= DRIVER_ROWS and not suite.bounded_by and large)
         # A batch a cross view checks is read again (a reference view reads it twice more: its lookup ranges and
         # its join): cached, the candidates are looked among once (all of a table whose keys the ranges do not
         # narrow), by the first job that reads it (checkpointed, each cost a Spark job of its own).

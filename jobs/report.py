@@ -253,8 +253,11 @@ def _broker_writes(spark: SparkSession, config: Config, as_of: int | None) -> As
     out: dict[str, Any] = {"broker_writes": _no_times(), "last_window": []}
     table = config.table(BROKER_WINDOWS.name)
     if table_exists(spark, table):
-        # Kept: the chart reads the totals twice (their span, then their buckets), and the last window once.
-        writes = window_totals(spark.table(table)).persist()
+        # Kept: the chart reads the totals twice (their span, then their buckets), and the last window once. The
+        # windows up to as_of are all of them (reconcile wrote them as of it); so bounded, Delta picks the files by
+        # their statistics, where a scan with no condition first reckons the table's size, a Spark job more.
+        windows = spark.table(table)
+        writes = window_totals(windows if as_of is None else windows.where(F.col("window_ts") <= as_of)).persist()
         window_ms = config.thresholds.idle_window_ms
         try:
             out["broker_writes"], out["last_window"] = yield from together(

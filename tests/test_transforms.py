@@ -27,6 +27,7 @@ from transforms.anomalies import (
 )
 from transforms.frames import (
     Asking,
+    cached_frames,
     folds_empty,
     gathered,
     kept_with_ranges,
@@ -355,6 +356,25 @@ def test_within_the_ranges_of_some_keys_a_join_on_them_keeps_the_same_rows(spark
     nothing = ranges(keys.where("queue_offset < 0"), key)
     assert nothing == dict.fromkeys(key, (None, None)) == kept_with_ranges(keys.where("queue_offset < 0"), key)[1]
     assert within(table, nothing).count() == 0
+
+
+def test_cached_frames_are_filled_by_the_jobs_that_read_them_and_let_go_on_leaving(spark: SparkSession) -> None:
+    """`cached_frames` caches a frame without a Spark job of its own (a checkpoint runs one), every read after the
+    first finds it cached, and leaving lets every frame it cached go, a failure too."""
+    counts = spark.range(1000).select((F.col("id") % 7).alias("k")).groupBy("k").count()
+    expected = sorted(counts.collect())
+    before = jobs_started(spark)
+    with cached_frames() as cache:
+        cached = cache(counts)
+        assert jobs_started(spark) == before and cached.is_cached
+        assert sorted(cached.collect()) == expected == sorted(cached.where("k >= 0").collect())
+        assert "InMemoryRelation" in cached.where("k >= 0")._jdf.queryExecution().optimizedPlan().toString()
+    assert not cached.is_cached
+    with pytest.raises(RuntimeError), cached_frames() as cache:
+        again = cache(counts)
+        raise RuntimeError("a failure while cached")
+    assert not again.is_cached
+    assert "InMemoryRelation" not in counts.where("k >= 0")._jdf.queryExecution().optimizedPlan().toString()
 
 
 def test_snapshots_that_are_none_stay_the_empty_relation_and_run_no_job(spark: SparkSession) -> None:
