@@ -56,7 +56,7 @@ from schemas.bronze import BRONZE
 from schemas.quality import DQ_RESULTS, QUALITY_RUNS, Expectation, Suite, suites
 from schemas.reconciled import ANOMALIES, OFFSET_COMMITS, RECONCILE_RUNS, TXN_LIFECYCLE
 from schemas.spark import to_struct
-from transforms.frames import kept_with_size, ranges, to_pandas_together, within
+from transforms.frames import cached_frames, kept_with_size, ranges, to_pandas_together, within
 from transforms.lifecycle import listed_copies
 from transforms.quality import (
     changed_rows,
@@ -216,43 +216,39 @@ def check_quality(
         previous = validated.get(suite.name)
         if previous == version:
             return f"unchanged since version {version}"
-        return _table_batch(spark, name, suite, previous, version)
+        return _table_batch(spark, name, suite, previous, version, cache)
 
     # Two threads throughout, so that the Spark jobs of one batch (most of a small job is the driver's) run
     # while the other thread's wait or GE validates in the driver. The table batches are made first, then the
     # cross views; every batch but a table's whole snapshot is fetched in one job (`_together`), and the rest
     # in a stream, at most AHEAD at a time, each validated in its turn as it arrives.
-    changed: list[Batch] = []
-    try:
-        with ThreadPoolExecutor(2, "quality") as pool:
-            tables = [s for s in all_suites if s.layer != "cross"]
-            for suite, made in zip(tables, pool.map(table_batch, tables), strict=True):
-                if isinstance(made, str):
-                    outcome.skipped.append((suite.name, made))
-                else:
-                    changed.append(made)
-            cross = [s for s in all_suites if s.layer == "cross"]
-            batches = [*changed]
-            if changed:
-                batches += pool.map(lambda made: made(), _cross_batches(spark, config, cross, outcome,
-                                                                        {b.suite.name: b for b in changed},
-                                                                        None if full else totals))  # fmt: skip
+    # The batches `_table_batch` caches are let go once validated.
+    with cached_frames() as cache, ThreadPoolExecutor(2, "quality") as pool:
+        tables = [s for s in all_suites if s.layer != "cross"]
+        changed = []
+        for suite, made in zip(tables, pool.map(table_batch, tables), strict=True):
+            if isinstance(made, str):
+                outcome.skipped.append((suite.name, made))
             else:
-                outcome.skipped += [(s.name, "no table changed") for s in cross]
-            project = quality_dir(config)
-            fetched = _together(batches)
-            waiting = iter([b for b in batches if b.suite.name not in fetched])
-            ahead = collections.deque(pool.submit(_fetched, b) for b in itertools.islice(waiting, AHEAD))
-            for batch in batches:
-                local = fetched.pop(batch.suite.name, _ALONE)
-                if local is _ALONE:
-                    _, local = ahead.popleft().result()
-                    ahead.extend(pool.submit(_fetched, b) for b in itertools.islice(waiting, 1))
-                outcome.results += _validate(project, batch, local, run_id, validated_at, config.quality.blocking)
-    finally:  # the batches `_table_batch` cached, validated or not
-        for batch in changed:
-            if batch.df.is_cached:
-                batch.df.unpersist()
+                changed.append(made)
+        cross = [s for s in all_suites if s.layer == "cross"]
+        batches = [*changed]
+        if changed:
+            batches += pool.map(lambda made: made(), _cross_batches(spark, config, cross, outcome,
+                                                                    {b.suite.name: b for b in changed},
+                                                                    None if full else totals))  # fmt: skip
+        else:
+            outcome.skipped += [(s.name, "no table changed") for s in cross]
+        project = quality_dir(config)
+        fetched = _together(batches)
+        waiting = iter([b for b in batches if b.suite.name not in fetched])
+        ahead = collections.deque(pool.submit(_fetched, b) for b in itertools.islice(waiting, AHEAD))
+        for batch in batches:
+            local = fetched.pop(batch.suite.name, _ALONE)
+            if local is _ALONE:
+                _, local = ahead.popleft().result()
+                ahead.extend(pool.submit(_fetched, b) for b in itertools.islice(waiting, 1))
+            outcome.results += _validate(project, batch, local, run_id, validated_at, config.quality.blocking)
     if outcome.results:
         _append(spark, results_table, outcome.results)
     for batch in batches:  # the totals checked: what they held up to, if they did, is where the next run starts
@@ -293,7 +289,10 @@ def validations_in(spark: SparkSession, results_table: str) -> Validations:
     return {r["suite"]: (r["v"]["run_id"], r["v"]["table_version"]) for r in found}
 
 
-def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | None, version: int) -> Batch:
+def _table_batch(
+    spark: SparkSession, table: str, suite: Suite, previous: int | None, version: int,
+    cache: Callable[[DataFrame], DataFrame],
+) -> Batch:  # fmt: skip
     snapshot = spark.sql(f"SELECT * FROM {table} VERSION AS OF {version}")
     if not suite.incremental or previous is None or previous > version:
         return Batch(suite, snapshot, version, "full")
@@ -315,12 +314,13 @@ def _table_batch(spark: SparkSession, table: str, suite: Suite, previous: int | 
         # changes' time as a rule, few rows; and a small table (SORTED_BYTES by its checksum) is few rows all of
         # it: those are joined as Spark picks (serve sorts both sides in the job that reads them, where a broadcast
         # is a Spark job of its own).
-        large = (stored_bytes(spark, table, version) or SORTED_BYTES + 1) > SORTED_BYTES
+        size = stored_bytes(spark, table, version)
+        large = size is None or size > SORTED_BYTES
         rows = changed_rows(candidates, changed, suite.key, few=n <= DRIVER_ROWS and not suite.bounded_by and large)
         # A batch a cross view checks is read again (a reference view reads it twice more: its lookup ranges and
         # its join): cached, the candidates are looked among once (all of a table whose keys the ranges do not
         # narrow), by the first job that reads it (checkpointed, each cost a Spark job of its own).
-        return Batch(suite, rows.persist() if suite.name in REREAD else rows, version, "incremental")
+        return Batch(suite, cache(rows) if suite.name in REREAD else rows, version, "incremental")
     except AnalysisException as e:  # change data no longer kept (VACUUM) or never recorded
         log.info("  %s: no change data since version %d (%s); validating it whole", table, previous, first_line(e))
         return Batch(suite, snapshot, version, "full")
