@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup jars rocketmq browser promtool airflow package lint test run bench bench-sim bench-ingest bench-reconcile \
+.PHONY: setup jars classes rocketmq browser promtool airflow package lint test run bench bench-sim bench-ingest bench-reconcile \
 	bench-export bench-collect bench-serve fuzz docs clean
 
 $(BIN)/python:
@@ -18,7 +18,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 jars: $(STAMP)
 	$(BIN)/python -m jobs.jars
 
-setup: $(STAMP) jars
+# The driver JVM's class archive (jobs/class_archive.py): each job then starts some 4 s sooner.
+classes: jars
+	$(BIN)/python -m jobs.class_archive
+
+setup: $(STAMP) jars classes
 
 # The real RocketMQ the tests start (name server, broker, client, tools), with its dependencies, copied once
 # per version from Maven Central into .jars/rocketmq/<version>. The first version is the suite's broker for

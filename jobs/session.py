@@ -14,10 +14,14 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from jobs import class_archive
 from jobs.config import CONF_DIR, Config
 from jobs.jars import local_jars
 
 log = logging.getLogger(__name__)
+
+
+EXTRA_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 
 def spark_settings(config: Config) -> dict[str, str]:
@@ -53,8 +57,8 @@ def spark_settings(config: Config) -> dict[str, str]:
         if s.master.startswith("local"):
             settings["spark.pyspark.python"] = sys.executable
     settings.update(s.conf)
-    extra = settings.get("spark.driver.extraJavaOptions", "")
-    settings["spark.driver.extraJavaOptions"] = " ".join([*java_options, extra]).strip()
+    extra = settings.get(EXTRA_JAVA_OPTIONS, "")
+    settings[EXTRA_JAVA_OPTIONS] = " ".join([*java_options, extra]).strip()
     return settings
 
 
@@ -102,7 +106,12 @@ def build_session(config: Config) -> SparkSession:
         active.sql(f"CREATE DATABASE IF NOT EXISTS {config.database}")
         return active
     builder = SparkSession.builder
-    for key, value in spark_settings(config).items():
+    settings = spark_settings(config)
+    # The class archive of this configuration folder: spark_settings also writes the spark-defaults.conf of
+    # spark-submit and spark-sql, whose JVMs start with another folder on their class path (jobs.class_archive).
+    extra = settings[EXTRA_JAVA_OPTIONS]
+    settings[EXTRA_JAVA_OPTIONS] = " ".join([*class_archive.java_options(config.spark, extra), extra])
+    for key, value in settings.items():
         builder = builder.config(key, value)
     log.info("starting Spark (%s)", config.spark.master or "master from spark-submit")
     spark = builder.enableHiveSupport().getOrCreate()

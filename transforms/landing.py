@@ -114,8 +114,14 @@ def _any_holds(conditions: tuple[tuple[str, str | None], ...], given: dict[str, 
 
 
 def _compact(messages: list[Column]) -> Column:
-    """The non-null messages, as an array (empty when all are null)."""
-    return F.filter(F.array(*messages), lambda m: m.isNotNull()) if messages else F.array().cast("array<string>")
+    """The non-null messages, as an array (empty when all are null). The lambda that drops the nulls is
+    interpreted, row by row; a row with no message, nearly every one, is told by a condition Spark compiles, and
+    skips it (the half events of 1M transactions, warm: 2.2 to 2.3 s instead of 4.1 to 4.3)."""
+    none: Column = F.array().cast("array<string>")
+    if not messages:
+        return none
+    some = reduce(lambda a, b: a | b, (m.isNotNull() for m in messages))
+    return F.when(some, F.filter(F.array(*messages), lambda m: m.isNotNull())).otherwise(none)
 
 
 def with_record_hash(schema: Schema) -> Transform:

@@ -1,0 +1,81 @@
+"""The driver JVM's class archive (jobs.class_archive): made by `make setup`, mapped by every session started
+from the same configuration folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.class_archive import DUMP, archive_path, java_options, mappable
+from jobs.config import load_config
+
+SHARED = "source: shared objects file"
+
+
+def setup_archive() -> Path:
+    """The archive `make setup` made for no configuration folder (the README's jobs)."""
+    saved = os.environ.pop("SPARK_CONF_DIR", None)
+    try:
+        path = archive_path(load_config().spark)
+    finally:
+        if saved is not None:
+            os.environ["SPARK_CONF_DIR"] = saved
+    assert path.is_file(), f"no class archive at {path}: run `make setup`"
+    return path
+
+
+def test_a_session_loads_spark_from_the_archive_setup_made(tmp_path: Path) -> None:
+    """A session started as the README's jobs start theirs maps the archive, and Spark's classes come from it."""
+    setup_archive()
+    loads = tmp_path / "class-load.log"
+    script = (
+        "from jobs.config import load_config\n"
+        "from jobs.session import EXTRA_JAVA_OPTIONS, build_session\n"
+        f"conf = {{EXTRA_JAVA_OPTIONS: '-Xlog:class+load=info:file={loads}'}}\n"
+        f"config = load_config(overrides={{'warehouse': {str(tmp_path / 'wh')!r}, 'spark': {{'conf': conf}}}})\n"
+        "spark = build_session(config)\n"
+        "assert spark.range(3).count() == 3\n"
+        "spark.stop()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONF_DIR"}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = loads.read_text(encoding="utf-8").splitlines()
+    context = [ln for ln in lines if " org.apache.spark.SparkContext " in ln]
+    assert context and SHARED in context[0], context
+    shared = sum(SHARED in ln for ln in lines if " org.apache.spark." in ln)
+    spark_classes = sum(" org.apache.spark." in ln for ln in lines)
+    assert shared > spark_classes / 2, (shared, spark_classes)
+    assert "cds" not in run.stdout  # nothing of the archive in the job's own output
+
+
+def test_an_archive_is_picked_by_configuration_folder_and_delta_and_never_while_one_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = dataclasses.replace(load_config().spark, jars_dir=tmp_path)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "site"))
+    site = archive_path(settings)
+    assert site.parent == tmp_path / "classes"
+    assert java_options(settings, "") == []  # none made for this folder
+    site.parent.mkdir()
+    site.write_bytes(b"")
+    assert java_options(settings, "-Xss4m") == [f"-XX:SharedArchiveFile={site}", "-Xlog:cds*=off"]
+    assert java_options(settings, f"{DUMP}/tmp/x.jsa") == []
+    other_delta = dataclasses.replace(settings, delta_packages=("io.delta:delta-spark_4.1_2.13:9.9.9",))
+    assert archive_path(other_delta) != site and java_options(other_delta, "") == []
+    monkeypatch.delenv("SPARK_CONF_DIR")
+    assert archive_path(settings) != site and java_options(settings, "") == []
+
+
+def test_an_archive_cut_short_is_found_before_a_jvm_crashes_on_it(tmp_path: Path) -> None:
+    whole = setup_archive()
+    cut = tmp_path / "cut.jsa"
+    with whole.open("rb") as f:
+        cut.write_bytes(f.read(1 << 20))
+    assert mappable(whole)
+    assert not mappable(cut)
