@@ -4,7 +4,6 @@ from the same configuration folder."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,21 +16,17 @@ from jobs.config import load_config
 SHARED = "source: shared objects file"
 
 
-def setup_archive() -> Path:
-    """The archive `make setup` made for no configuration folder (the README's jobs)."""
-    saved = os.environ.pop("SPARK_CONF_DIR", None)
-    try:
-        path = archive_path(load_config().spark)
-    finally:
-        if saved is not None:
-            os.environ["SPARK_CONF_DIR"] = saved
+def setup_archive(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The archive `make setup` made for no configuration folder (the README's jobs); the test runs without one."""
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    path = archive_path(load_config().spark)
     assert path.is_file(), f"no class archive at {path}: run `make setup`"
     return path
 
 
-def test_a_session_loads_spark_from_the_archive_setup_made(tmp_path: Path) -> None:
+def test_a_session_loads_spark_from_the_archive_setup_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A session started as the README's jobs start theirs maps the archive, and Spark's classes come from it."""
-    setup_archive()
+    setup_archive(monkeypatch)
     loads = tmp_path / "class-load.log"
     script = (
         "from jobs.config import load_config\n"
@@ -42,8 +37,7 @@ def test_a_session_loads_spark_from_the_archive_setup_made(tmp_path: Path) -> No
         "assert spark.range(3).count() == 3\n"
         "spark.stop()\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONF_DIR"}
-    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     lines = loads.read_text(encoding="utf-8").splitlines()
     context = [ln for ln in lines if " org.apache.spark.SparkContext " in ln]
@@ -72,8 +66,10 @@ def test_an_archive_is_picked_by_configuration_folder_and_delta_and_never_while_
     assert archive_path(settings) != site and java_options(settings, "") == []
 
 
-def test_an_archive_cut_short_is_found_before_a_jvm_crashes_on_it(tmp_path: Path) -> None:
-    whole = setup_archive()
+def test_an_archive_cut_short_is_found_before_a_jvm_crashes_on_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = setup_archive(monkeypatch)
     cut = tmp_path / "cut.jsa"
     with whole.open("rb") as f:
         cut.write_bytes(f.read(1 << 20))
