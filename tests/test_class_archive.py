@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.class_archive import DUMP, archive_path, java_options, mappable
+from jobs.class_archive import DUMP, archive_path, java, java_options, mappable
 from jobs.config import load_config
 
 SHARED = "source: shared objects file"
@@ -45,7 +45,18 @@ def test_a_session_loads_spark_from_the_archive_setup_made(tmp_path: Path, monke
     shared = sum(SHARED in ln for ln in lines if " org.apache.spark." in ln)
     spark_classes = sum(" org.apache.spark." in ln for ln in lines)
     assert shared > spark_classes / 2, (shared, spark_classes)
-    assert "cds" not in run.stdout  # nothing of the archive in the job's own output
+
+
+def test_an_archive_the_jvm_cannot_take_leaves_no_word_in_the_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A JVM with another class path (here none: `java -version`) skips the archive; with the options a session
+    gets, it says nothing of it, where by default it warns on stdout, amid a job's own output."""
+    setup_archive(monkeypatch)
+    options = java_options(load_config().spark, "")
+    quiet = subprocess.run([java(), *options, "-version"], capture_output=True, text=True)
+    loud = subprocess.run([java(), options[0], "-version"], capture_output=True, text=True)
+    assert quiet.returncode == 0 and loud.returncode == 0
+    assert "Unable to use shared archive" in loud.stdout
+    assert "archive" not in quiet.stdout + quiet.stderr
 
 
 def test_an_archive_is_picked_by_configuration_folder_and_delta_and_never_while_one_is_written(
