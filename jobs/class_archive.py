@@ -6,7 +6,8 @@ loading each class again. A job starts about 4 s sooner (docs/reference/configur
 a session that writes, merges and reads a small Delta table, in a JVM of its own that writes the classes it loaded
 as it exits. The JVM takes an archive only with the class path it was made with, and Spark's launcher puts the
 Spark configuration folder (SPARK_CONF_DIR) first on it, so each folder has its own archive; so do another JDK,
-Spark or Delta, and a session with none runs as before.
+Spark or Delta, and a session with none runs as before. The JDK archives no class path that holds a folder with
+files in it: a configuration folder that holds a spark-defaults.conf gets no archive, and its jobs start as before.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 DUMP = "-XX:ArchiveClassesAtExit="
 
 
+class Unarchivable(TxnReconError):
+    """The JDK would not archive this class path: jobs start without an archive, as they did before one."""
+
+
 def archive_path(settings: SparkSettings) -> Path:
     """The archive for this JDK, Spark, Delta and configuration folder."""
     jdk = Path(java()).resolve().parent.parent / "lib" / "modules"  # rewritten by any update of the JDK
@@ -38,6 +43,22 @@ def archive_path(settings: SparkSettings) -> Path:
     key = "\n".join([str(jdk), str(stamp), pyspark.__version__, str(Path(pyspark.__file__).parent),
                      *settings.delta_packages, os.environ.get("SPARK_CONF_DIR", "")])  # fmt: skip
     return settings.jars_dir / "classes" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
+
+
+def conf_folder() -> Path:
+    """The folder Spark's launcher puts first on the driver's class path: SPARK_CONF_DIR, else Spark's own conf/
+    (for pip's pyspark, a folder it does not ship)."""
+    folder = os.environ.get("SPARK_CONF_DIR")
+    return Path(folder) if folder else Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent, "conf")
+
+
+def unarchivable() -> str | None:
+    """Why the JDK would refuse to archive this class path, or None. It refuses a folder with files in it
+    ("Cannot have non-empty directory in paths"), as the configuration folder is when it holds settings."""
+    folder = conf_folder()
+    if folder.is_dir() and any(folder.iterdir()):
+        return f"the Spark configuration folder {folder}, first on the driver's class path, is not empty"
+    return None
 
 
 def java_options(settings: SparkSettings, extra: str) -> list[str]:
@@ -48,10 +69,13 @@ def java_options(settings: SparkSettings, extra: str) -> list[str]:
 
 
 def make_archive(settings: SparkSettings) -> Path:
-    """Write the archive unless it is there: a run of the workload below in a JVM of its own."""
+    """Write the archive unless it is there: a run of the workload below in a JVM of its own. Raises
+    `Unarchivable` for a class path the JDK does not archive."""
     path = archive_path(settings)
     if path.is_file():
         return path
+    if (reason := unarchivable()) is not None:
+        raise Unarchivable(reason)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     partial.unlink(missing_ok=True)
@@ -108,6 +132,8 @@ def main(argv: list[str]) -> int:
             workload(Path(argv[1]))
         else:
             print(f"ok {make_archive(load_config().spark)}")
+    except Unarchivable as e:
+        print(f"txn-recon class archive: none made ({e}); jobs start without one, about 4 s later")
     except TxnReconError as e:
         print(f"txn-recon class archive: error: {e}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -88,14 +89,28 @@ def with_jit(config: Config, options: str) -> Config:
 
 
 def _site_defaults() -> set[str]:
-    """The settings named in the spark-defaults.conf Spark's launcher reads (SPARK_CONF_DIR, or SPARK_HOME's conf)."""
-    home = os.environ.get("SPARK_HOME")
-    folder = os.environ.get("SPARK_CONF_DIR") or (os.path.join(home, "conf") if home else "")
-    path = Path(folder, "spark-defaults.conf")
-    if not folder or not path.is_file():
+    """The settings named in the defaults file Spark's launcher reads: the properties file PYSPARK_SUBMIT_ARGS names
+    (which replaces the folder's), else spark-defaults.conf in SPARK_CONF_DIR, or in SPARK_HOME's conf."""
+    path = properties_file()
+    if path is None:
+        home = os.environ.get("SPARK_HOME")
+        folder = os.environ.get("SPARK_CONF_DIR") or (os.path.join(home, "conf") if home else "")
+        path = Path(folder, "spark-defaults.conf") if folder else None
+    if path is None or not path.is_file():
         return set()
     lines = (line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines())
     return {line.split(maxsplit=1)[0] for line in lines if line and not line.startswith("#")}
+
+
+def properties_file() -> Path | None:
+    """The `--properties-file` of PYSPARK_SUBMIT_ARGS, the arguments PySpark starts its JVM with."""
+    args = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+    for i, arg in enumerate(args):
+        if arg == "--properties-file" and i + 1 < len(args):
+            return Path(args[i + 1])
+        if arg.startswith("--properties-file="):
+            return Path(arg.split("=", 1)[1])
+    return None
 
 
 def build_session(config: Config) -> SparkSession:

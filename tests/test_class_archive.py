@@ -10,15 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from jobs.class_archive import DUMP, archive_path, java, java_options, mappable
+from jobs.class_archive import DUMP, archive_path, java, java_options, main, mappable
 from jobs.config import load_config
+from tests.conftest import SUITE_SPARK_ARGS
 
 SHARED = "source: shared objects file"
 
 
 def setup_archive(monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The archive `make setup` made for no configuration folder (the README's jobs); the test runs without one."""
+    """The archive `make setup` made for no configuration folder (the README's jobs); the test runs without one,
+    and without the suite's Spark defaults."""
     monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    monkeypatch.delenv(SUITE_SPARK_ARGS)
     path = archive_path(load_config().spark)
     assert path.is_file(), f"no class archive at {path}: run `make setup`"
     return path
@@ -86,3 +89,19 @@ def test_an_archive_cut_short_is_found_before_a_jvm_crashes_on_it(
         cut.write_bytes(f.read(1 << 20))
     assert mappable(whole)
     assert not mappable(cut)
+
+
+def test_a_configuration_folder_with_settings_gets_none_and_set_up_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The JDK archives no class path with a folder that holds files, and Spark's launcher puts the configuration
+    folder on it: set-up says so in one line and succeeds, and the jobs there start without an archive."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "spark-defaults.conf").write_text("spark.ui.enabled false\n", encoding="utf-8")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(site))
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("txn-recon class archive: none made (") and str(site) in out and out.count("\n") == 1
+    settings = load_config().spark
+    assert not archive_path(settings).exists() and java_options(settings, "") == []

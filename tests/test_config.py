@@ -12,6 +12,7 @@ from jobs.errors import ConfigError
 from jobs.reconcile import has_run
 from jobs.serve import long_running
 from jobs.session import JAVA_OPTIONS, OPTIMIZING_JIT, QUICK_JIT, with_jit
+from tests.conftest import SUITE_SPARK_ARGS
 
 
 def test_base_and_local_layers_merge(tmp_path: Path) -> None:
@@ -137,9 +138,11 @@ def test_a_job_picks_its_jvm_flags_unless_the_config_or_the_site_sets_them(
 ) -> None:
     """Incremental reconciles run the quick JIT only; ingest, full reconciles and serve's cycles the optimizing
     one too (jobs.session); a config or the site's spark-defaults.conf that sets the driver's JVM flags keeps
-    them. Reconcile expects an incremental run where the warehouse folder holds an earlier run."""
+    them, as does a properties file PYSPARK_SUBMIT_ARGS names. Reconcile expects an incremental run where the
+    warehouse folder holds an earlier run."""
     monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
     monkeypatch.delenv("SPARK_HOME", raising=False)
+    monkeypatch.delenv(SUITE_SPARK_ARGS)
     config = load_config(overrides={"warehouse": str(tmp_path / "wh")})
 
     def flags(c: Config) -> str | None:
@@ -155,6 +158,12 @@ def test_a_job_picks_its_jvm_flags_unless_the_config_or_the_site_sets_them(
     monkeypatch.setenv("SPARK_CONF_DIR", str(site))
     assert flags(with_jit(config, OPTIMIZING_JIT)) is None and flags(long_running(config)) is None
     (site / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
+    assert flags(with_jit(config, OPTIMIZING_JIT)) == OPTIMIZING_JIT
+    # A properties file PySpark is started with replaces the folder's defaults.
+    (tmp_path / "my defaults.conf").write_text(f"{JAVA_OPTIONS} -Xss4m\n")
+    monkeypatch.setenv(SUITE_SPARK_ARGS, f"--properties-file '{tmp_path / 'my defaults.conf'}' pyspark-shell")
+    assert flags(with_jit(config, OPTIMIZING_JIT)) is None
+    monkeypatch.setenv(SUITE_SPARK_ARGS, f"--properties-file={site / 'spark-defaults.conf'} pyspark-shell")
     assert flags(with_jit(config, OPTIMIZING_JIT)) == OPTIMIZING_JIT
 
     assert not has_run(config)

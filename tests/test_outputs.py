@@ -28,7 +28,7 @@ from pyspark.sql import SparkSession
 from broker.landing import LandingWriter
 from broker.profiles import PROFILES
 from broker.simulation import simulate
-from tests.conftest import REPO, add_test_defaults
+from tests.conftest import REPO, SUITE_SPARK_ARGS, add_test_defaults
 
 pytestmark = pytest.mark.spark
 
@@ -61,7 +61,7 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Shipped:
     as_of = summary.as_of + HOUR
     cmd = [str(BIN / "txn-recon"), "run", "--landing", str(root / "landing"), "--warehouse", str(root / "wh"),
            "--as-of", str(as_of)]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONF_DIR"}
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONF_DIR", SUITE_SPARK_ARGS)}
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     (ARTIFACTS / "pipeline.log").parent.mkdir(exist_ok=True)

@@ -33,6 +33,7 @@ from jobs.serve import Cycle, Engine, long_running
 from jobs.session import OPTIMIZING_JIT
 from jobs.signals import Stop
 from schemas import LANDING
+from tests.conftest import SUITE_SPARK_ARGS
 from tests.test_ingest import fresh_db, make_landing
 
 BEELINE_CP = str(Path(pyspark.__file__).parent / "jars" / "*")
@@ -278,7 +279,7 @@ def test_a_long_running_session_keeps_the_latest_queries_only(monkeypatch: pytes
     compiles with the optimizing JIT too (a service runs the same code every cycle), keeps the classes Spark
     generates for a cycle's queries and broadcasts no join by its estimated size, unless the config says
     otherwise."""
-    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)  # the suite's spark-defaults.conf sets JVM flags: they win
+    monkeypatch.delenv(SUITE_SPARK_ARGS)  # the suite's Spark defaults set JVM flags: they win
     ours = long_running(load_config()).spark.conf
     assert (ours["spark.sql.ui.retainedExecutions"], ours["spark.ui.retainedJobs"]) == ("50", "100")
     assert ours["spark.driver.defaultJavaOptions"] == OPTIMIZING_JIT  # not stopped at the quick compiler

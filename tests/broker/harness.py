@@ -104,9 +104,13 @@ def reference_findings(
         if halves and trace.answer_lost(k[1], halves, resolved_at, [c["store_timestamp"] for c in cs], thr):
             found.add(("CHECK_ANSWER_LOST", *k, None))
         checked = [h for h in halves if h.get("check_times")]
-        if resolved is not None and checked and not (k in discards and discards[k] <= resolved):
+        if resolved is not None and checked:
             last = max(checked, key=lambda h: h["queue_offset"])
-            if (last["broker_name"], last["queue_id"], last["queue_offset"]) not in resolved_at:
+            # A discard ends the checks: a discarded transaction was checked after its resolution only if a check
+            # copy came after its first final message or its op (which may follow the discard).
+            settled = min([resolved, *(c["store_timestamp"] for c in cs)])
+            quiet = k in discards and max(h["store_timestamp"] for h in checked) <= settled
+            if not quiet and (last["broker_name"], last["queue_id"], last["queue_offset"]) not in resolved_at:
                 found.add(("RECHECKED_AFTER_RESOLUTION", *k, None))
         if cs:
             states[k] = ("COMMITTED", None)
