@@ -74,10 +74,15 @@ package: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# Two workers, one test file each at a time, the longest files first (tests/conftest.py).
+# The suite's set-up, three steps at a time (a fresh clone here, 5 December 2026: 2 min 0 s, against 2 min 36 s one
+# after another), then two workers, one test file each at a time, the longest files first (tests/conftest.py).
 TEST_WORKERS ?= 2
-test: lint browser promtool airflow rocketmq docs
+test:
+	$(MAKE) -j3 --output-sync=target lint browser promtool airflow rocketmq docs
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
+
+# apt-get holds one lock: the two installs take turns.
+promtool: | browser
 
 # Longer fuzz campaigns than the suite's: FUZZ_EXAMPLES mutated inputs for each decoder of outside bytes
 # (tests/fuzz.py), minutes per decoder. An input that fails is saved under tests/data/fuzz/<decoder>/, and
