@@ -280,6 +280,7 @@ def test_a_long_running_session_keeps_the_latest_queries_only(monkeypatch: pytes
     generates for a cycle's queries and broadcasts no join by its estimated size, unless the config says
     otherwise."""
     monkeypatch.delenv(SUITE_SPARK_ARGS)  # the suite's Spark defaults set JVM flags: they win
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
     ours = long_running(load_config()).spark.conf
     assert (ours["spark.sql.ui.retainedExecutions"], ours["spark.ui.retainedJobs"]) == ("50", "100")
     assert ours["spark.driver.defaultJavaOptions"] == OPTIMIZING_JIT  # not stopped at the quick compiler
