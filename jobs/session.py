@@ -90,13 +90,9 @@ def with_jit(config: Config, options: str) -> Config:
 
 def _site_defaults() -> set[str]:
     """The settings named in the defaults file Spark's launcher reads: the properties file PYSPARK_SUBMIT_ARGS names
-    (which replaces the folder's), else spark-defaults.conf in SPARK_CONF_DIR, or in SPARK_HOME's conf."""
-    path = properties_file()
-    if path is None:
-        home = os.environ.get("SPARK_HOME")
-        folder = os.environ.get("SPARK_CONF_DIR") or (os.path.join(home, "conf") if home else "")
-        path = Path(folder, "spark-defaults.conf") if folder else None
-    if path is None or not path.is_file():
+    (which replaces the folder's), else spark-defaults.conf in Spark's configuration folder."""
+    path = properties_file() or class_archive.conf_folder() / "spark-defaults.conf"
+    if not path.is_file():
         return set()
     lines = (line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines())
     return {line.split(maxsplit=1)[0] for line in lines if line and not line.startswith("#")}

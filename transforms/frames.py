@@ -3,7 +3,7 @@
 import contextlib
 import functools
 import json
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -20,6 +20,11 @@ Asking = Generator[list[DataFrame], list[list[Row]], T]
 def union_all(frames: list[DataFrame]) -> DataFrame:
     """Frames with the same columns, stacked (matched by name)."""
     return functools.reduce(DataFrame.unionByName, frames)
+
+
+def any_of(conditions: Iterable[Column]) -> Column:
+    """Whether any of the (at least one) conditions holds, with SQL's OR: null where none holds and one is null."""
+    return functools.reduce(lambda a, b: a | b, conditions)
 
 
 def differing(recomputed: DataFrame, stored: DataFrame, key: Sequence[str]) -> DataFrame:

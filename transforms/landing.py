@@ -8,7 +8,6 @@ against what bronze already holds: insert, duplicate (an exact repeat) or quaran
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -17,6 +16,7 @@ from pyspark.sql import types as T
 from schemas.landing import OP_BODY_CHARS, OP_BODY_EMPTY_ITEM
 from schemas.model import Schema
 from schemas.spark import to_struct
+from transforms.frames import any_of
 
 Transform = Callable[[DataFrame], DataFrame]
 
@@ -110,7 +110,7 @@ def is_op_body(body: Column) -> Column:
 def _any_holds(conditions: tuple[tuple[str, str | None], ...], given: dict[str, Column]) -> Column:
     """Whether any (field, value) condition holds; value None: the field is not given."""
     holds = [~given[k] if v is None else F.coalesce(F.col(k) == v, F.lit(False)) for k, v in conditions]
-    return reduce(lambda a, b: a | b, holds)
+    return any_of(holds)
 
 
 def _compact(messages: list[Column]) -> Column:
@@ -120,7 +120,7 @@ def _compact(messages: list[Column]) -> Column:
     none: Column = F.array().cast("array<string>")
     if not messages:
         return none
-    some = reduce(lambda a, b: a | b, (m.isNotNull() for m in messages))
+    some = any_of(m.isNotNull() for m in messages)
     return F.when(some, F.filter(F.array(*messages), lambda m: m.isNotNull())).otherwise(none)
 
 
