@@ -25,7 +25,7 @@ UNKNOW, COMMIT, ROLLBACK = "UNKNOW", "COMMIT_MESSAGE", "ROLLBACK_MESSAGE"
 # Findings from the consumption trace: recomputed whole by every run, after the deliveries they are compared with.
 CONSUMPTION_TYPES = ("DUPLICATE_CONSUMPTION", "CONSUME_FAILED", "TRACE_CONTRADICTION")
 ANSWER_COLUMNS = ("traced", "answers_unknown", "answers_commit", "answers_rollback", "decided_at", "decision",
-                  "group_alive")  # fmt: skip
+                  "decided_answers", "group_alive")  # fmt: skip
 
 
 def broker_time() -> Column:
@@ -53,7 +53,9 @@ def answered(trace: DataFrame | None, rules: Rules) -> Callable[[DataFrame], Dat
     """Lifecycle rows with their traced check answers (ANSWER_COLUMNS), times on the broker's clock:
     - `traced` (of a discard after the maximum checks): the producer group traced the half's send, or anything
       between its first copy and its discard: its clients trace, so a missing answer is missing, not untraced;
-    - `answers_*`: check answers by state; `decided_at`, `decision`: the first COMMIT answer;
+    - `answers_*`: check answers by state; `decided_at`, `decision`: the first COMMIT answer; `decided_answers`:
+      the COMMIT answers traced at that instant (a broker that restarts behind its check progress checks a copy
+      and the copy that an earlier check of it wrote in one pass, and both are answered at once);
     - `group_alive`: the group traced something else between the transaction's last check copy and its discard,
       when the broker made its last check: a producer that was at work then and sent no answer at all got no
       check-back. (A group that idles then, or that stopped before, counts as gone.)
@@ -62,7 +64,8 @@ def answered(trace: DataFrame | None, rules: Rules) -> Callable[[DataFrame], Dat
     def transform(life: DataFrame) -> DataFrame:
         if trace is None:
             none = [F.lit(0).alias(c) for c in ANSWER_COLUMNS[1:4]]
-            decided = [F.lit(None).cast("bigint").alias("decided_at"), F.lit(None).cast("string").alias("decision")]
+            decided = [F.lit(None).cast("bigint").alias("decided_at"), F.lit(None).cast("string").alias("decision"),
+                       F.lit(0).alias("decided_answers")]  # fmt: skip
             return life.select("*", F.lit(False).alias("traced"), *none, *decided, F.lit(False).alias("group_alive"))
         check, sent = answers(trace), producer_trace(trace)
         keys = life.select("uniq_key", "producer_group", "first_copy_ts", "last_copy_ts", "discard_ts", "reason")
@@ -75,6 +78,7 @@ def answered(trace: DataFrame | None, rules: Rules) -> Callable[[DataFrame], Dat
                 F.count_if(F.col("transaction_state") == ROLLBACK).alias("answers_rollback"),
                 F.min_by(F.struct("at", "transaction_state"),
                          F.when(F.col("transaction_state") == COMMIT, F.col("at"))).alias("_decided"),
+                F.collect_list(F.when(F.col("transaction_state") == COMMIT, F.col("at"))).alias("_commits_at"),
             )
         )  # fmt: skip
         # Coverage is needed of discards alone, which are few: their windows cut into minutes, joined with what
@@ -106,6 +110,11 @@ def answered(trace: DataFrame | None, rules: Rules) -> Callable[[DataFrame], Dat
             *(F.coalesce(c, F.lit(0)).alias(c) for c in ("answers_unknown", "answers_commit", "answers_rollback")),
             F.when(F.col("_decided.at").isNotNull(), F.col("_decided.at")).alias("decided_at"),
             F.when(F.col("_decided.at").isNotNull(), F.col("_decided.transaction_state")).alias("decision"),
+            F.when(
+                F.col("_decided.at").isNotNull(), F.size(F.filter("_commits_at", lambda t: t == F.col("_decided.at")))
+            )
+            .otherwise(0)
+            .alias("decided_answers"),
             F.coalesce("group_alive", F.lit(False)).alias("group_alive"),
         )
 
@@ -144,18 +153,20 @@ def discard_cause() -> Column:
 
 def answer_lost(rules: Rules) -> Column:
     """The first COMMIT answer to a check, traced, never reached the broker: the broker checked the transaction
-    again, no op lists the check copy it answered (the last one stored before it), and no commit was stored
-    within the op grace after it (a broker that dies between the commit and its op loses the op, not the
-    answer). A ROLLBACK that arrives leaves only its op, which a broker crash loses as well: it is not judged.
-    It depends on events alone: an op that comes late clears it, as it should."""
-    at = F.col("decided_at")
-    answered = F.try_element_at(F.filter("check_copies", lambda c: c["ts"] <= at), F.lit(-1))
-    committed = F.exists("commit_ts", lambda t: (t >= at) & (t <= at + rules.op_grace_ms))
+    again, no op lists the check copy it answered, and fewer commits were stored within the op grace after it
+    than COMMIT answers were traced then (a broker that dies between the commit and its op loses the op, not
+    the answer). The copy answered is the last one stored before it; when n answers share its instant, the
+    first of the last n. A ROLLBACK that arrives leaves only its op, which a broker crash loses as well: it is
+    not judged. It depends on events alone: an op that comes late clears it, as it should."""
+    at, n = F.col("decided_at"), F.col("decided_answers")
+    checked = F.filter("check_copies", lambda c: c["ts"] <= at)
+    answered = F.try_element_at(checked, -F.least(n, F.greatest(F.size(checked), F.lit(1))))
+    committed = F.size(F.filter("commit_ts", lambda t: (t >= at) & (t <= at + rules.op_grace_ms)))
     return (
         at.isNotNull()
         & answered.isNotNull()
         & ~F.array_contains("resolved_copies", answered["queue_offset"])
-        & ~committed
+        & (committed < n)
         & (F.col("last_copy_ts") > at)
     )
 

@@ -204,16 +204,16 @@ class Traced:
         decided = sorted(at for at, s in self.answers.get(key, []) if s == "COMMIT_MESSAGE")
         if not decided:
             return False
-        at = decided[0]
+        at, n = decided[0], decided.count(decided[0])  # n answers at one instant answered the last n copies
         checks = sorted((h["store_timestamp"], h["queue_offset"], h["queue_id"], h["broker_name"])
                         for h in halves if h.get("check_times"))  # fmt: skip
         answered = [c for c in checks if c[0] <= at]
         if not answered:
             return False
-        _, offset, queue, broker = answered[-1]
-        committed = any(at <= t <= at + thr.op_grace_ms for t in commits)
+        _, offset, queue, broker = answered[-min(n, len(answered))]
+        committed = sum(at <= t <= at + thr.op_grace_ms for t in commits)
         last = max(h["store_timestamp"] for h in halves)
-        return (broker, queue, offset) not in resolved_at and not committed and last > at
+        return (broker, queue, offset) not in resolved_at and committed < n and last > at
 
     def cause(self, key: str, halves: list[dict[str, Any]], until: int, cfg: BrokerSettings) -> str | None:
         group = halves[0]["producer_group"]
