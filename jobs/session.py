@@ -66,7 +66,7 @@ def spark_settings(config: Config) -> dict[str, str]:
 # The driver JVM's JIT compilers and collector, by the work a job does (a config, or a site's spark-defaults.conf,
 # that sets spark.driver.defaultJavaOptions keeps its own). Both use the throughput collector: with G1's
 # concurrent one, a full reconcile of a million transactions took 77.9 to 82.9 s against 69.9 to 74.1 s, and its
-# process held more memory (docs/benchmarks.md, Batch).
+# process held more memory (docs/evidence/cost.md, The batch jobs).
 # A process of a minute or two that runs hundreds of small queries (an incremental reconcile), each running the
 # classes Spark generates for it briefly: the optimizing compiler's threads took more of its CPU than any other
 # JVM thread (a flight recording), and its code pays off only later. The quick compiler alone needs a larger code
@@ -160,5 +160,5 @@ def release_java_objects() -> None:
     methods refer to each other, so only Python's cyclic collector frees them, and until it does the JVM keeps
     their objects: query plans, frames, checkpoints. In a long-running session Python's own schedule came every
     few serve cycles, after the JVM's heap had filled and a cycle had spent half its time or more in the JVM's
-    collector (docs/benchmarks.md)."""
+    collector (docs/evidence/cost.md)."""
     gc.collect()
