@@ -160,7 +160,7 @@ def answer_lost(rules: Rules) -> Column:
     not judged. It depends on events alone: an op that comes late clears it, as it should."""
     at, n = F.col("decided_at"), F.col("decided_answers")
     checked = F.filter("check_copies", lambda c: c["ts"] <= at)
-    # Never index 0, which fails where it is evaluated (compiled code does not stop at the first false condition).
+    # Never index 0, which fails even in try_element_at: compiled code may evaluate it for rows no decision holds.
     answered = F.try_element_at(checked, -F.greatest(F.least(n, F.size(checked)), F.lit(1)))
     committed = F.size(F.filter("commit_ts", lambda t: (t >= at) & (t <= at + rules.op_grace_ms)))
     return (
