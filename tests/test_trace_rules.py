@@ -108,9 +108,8 @@ def story_landing() -> Landing:
         land.add("half", HALF_TOPIC, 0, T, **fields)
         both = [land.add("half", HALF_TOPIC, 0, T + 5000, **fields, check_times=n) for n in (1, 2)]
         again = land.add("half", HALF_TOPIC, 0, T + 10_000, **fields, check_times=2)
-        for at, copy in ((T + 5010, both[arrives]), (T + 10_010, again)):
-            answer(land, key, "PG", at, "COMMIT_MESSAGE")
-            if at == T + 5010:
+        for at, answers, copy in ((T + 5010, 2, both[arrives]), (T + 10_010, 1, again)):
+            for _ in range(answers):
                 answer(land, key, "PG", at, "COMMIT_MESSAGE")
             land.real(key, "TopicC", at + 10, committed=True, prepared=1000 + copy)
             land.op(at + 90, copy)
