@@ -104,15 +104,14 @@ def answered(trace: DataFrame | None, rules: Rules) -> Callable[[DataFrame], Dat
         out = life.join(counts, on=["uniq_key", "producer_group"], how="left").join(
             seen, on=["uniq_key", "producer_group"], how="left"
         )
+        at = F.col("_decided.at")
         return out.select(
             *life.columns,
             F.coalesce("traced", F.lit(False)).alias("traced"),
             *(F.coalesce(c, F.lit(0)).alias(c) for c in ("answers_unknown", "answers_commit", "answers_rollback")),
-            F.when(F.col("_decided.at").isNotNull(), F.col("_decided.at")).alias("decided_at"),
-            F.when(F.col("_decided.at").isNotNull(), F.col("_decided.transaction_state")).alias("decision"),
-            F.when(
-                F.col("_decided.at").isNotNull(), F.size(F.filter("_commits_at", lambda t: t == F.col("_decided.at")))
-            )
+            F.when(at.isNotNull(), at).alias("decided_at"),
+            F.when(at.isNotNull(), F.col("_decided.transaction_state")).alias("decision"),
+            F.when(at.isNotNull(), F.size(F.filter("_commits_at", lambda t: t == at)))
             .otherwise(0)
             .alias("decided_answers"),
             F.coalesce("group_alive", F.lit(False)).alias("group_alive"),
