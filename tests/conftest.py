@@ -90,7 +90,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Config:
                     # planning are hot for that long, and the optimizing JIT pays off (test_quality alone ran
                     # in 374 s with it against 463 s without). It inlines less than by default: compiling Spark,
                     # Delta and Scala took a third of its CPU, and with these limits five pipelines in a row
-                    # took 260 s of CPU against 305 s, the last as fast as before (docs/reference/testing.md).
+                    # took 260 s of CPU against 300 s or more, the last no slower (docs/reference/testing.md).
                     # The suite's other JVM flags stay.
                     "spark.driver.defaultJavaOptions": session_java_options(),
                 }
