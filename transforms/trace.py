@@ -109,7 +109,7 @@ def answered(trace: DataFrame | None, rules: Rules) -> Callable[[DataFrame], Dat
             *life.columns,
             F.coalesce("traced", F.lit(False)).alias("traced"),
             *(F.coalesce(c, F.lit(0)).alias(c) for c in ("answers_unknown", "answers_commit", "answers_rollback")),
-            F.when(at.isNotNull(), at).alias("decided_at"),
+            at.alias("decided_at"),
             F.when(at.isNotNull(), F.col("_decided.transaction_state")).alias("decision"),
             F.when(at.isNotNull(), F.size(F.filter("_commits_at", lambda t: t == at)))
             .otherwise(0)
