@@ -272,6 +272,7 @@ def test_serve_cycles_sql_metrics_kill_and_stop(tmp_path: Path, processes: list[
     assert restarted.proc.wait(60) == 0, restarted.text()[-3000:]
     assert re.search(r"stopped by SIGTERM after \d+ cycle", restarted.text())
     assert "Traceback" not in restarted.text() and "is a view" not in restarted.text()  # not compacted
+    assert "Failed to cancel job group" not in restarted.text()  # what Spark says of each query it answered
 
 
 def test_a_long_running_session_keeps_the_latest_queries_only(monkeypatch: pytest.MonkeyPatch) -> None:
