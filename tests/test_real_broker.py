@@ -309,7 +309,8 @@ def test_a_corrupt_store_loses_its_damaged_spans_and_nothing_else(
     rewrite(start, path, start + 8192, bytes(4096))  # a page lost in the middle of a file
     spans.append((start + 8192, start + 8192 + 4096))
     start, path = files[-1]
-    cut = [m for m in records if m.position >= start][-3]
+    # Three records from its end, or its first when the broker had written fewer there (timing decides how many).
+    cut = [m for m in records if m.position >= start][-3:][0]
     with open(path, "r+b") as f:  # the last written file, cut short in the middle of a record
         f.truncate(cut.position - start + cut.size // 2)
     spans.append((cut.position + cut.size // 2, start + path.stat().st_size + (1 << 40)))
